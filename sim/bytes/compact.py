@@ -1,0 +1,549 @@
+"""Compact byte model: a buffer's provenance as coalesced segments.
+
+Every byte of a buffer is byte ``k`` of some origin's pattern stream.  A
+``CompactBuffer`` stores that as segments ``(start, origin_id, stream_offset)``
+in three int64 numpy arrays sorted by ``start``; a segment runs to the next
+segment's start (the last to ``nbytes``), and byte ``p`` of segment ``i`` is
+stream byte ``stream_offset[i] + p - start[i]`` of origin ``origin_id[i]``.
+
+Invariants (kept by every operation):
+
+* ``start[0] == 0`` (when ``nbytes > 0``) and ``start`` is strictly increasing;
+* segments are coalesced: no segment continues its predecessor's stream
+  (same origin id and ``stream_offset[i] == stream_offset[i-1] + start[i] - start[i-1]``),
+  so equal provenance means equal arrays.
+
+Batch writes are vectorised; overlapping destination extents are resolved
+"later extent wins" with a segment tree over elementary intervals.  A write
+costs O(n log n) in its new pieces, plus the segments in the window it spans,
+plus one splice of the arrays (memcpy-speed, O(total segments)).
+
+This module also holds the extent helpers the materialised model shares:
+validation, later-wins resolution, vectorised pattern generation and batched
+gather/scatter of byte extents.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.bytes.pattern import Origin, _check16, unit_seeds
+from sim.errors import InputError
+
+_I64 = np.int64
+
+
+# --------------------------------------------------------------------------
+# Origins
+# --------------------------------------------------------------------------
+class OriginTable:
+    """Interns ``Origin`` objects to small int ids; shared by one run's buffers."""
+
+    def __init__(self):
+        self._ids: dict[Origin, int] = {}
+        self._origins: list[Origin] = []
+
+    def intern(self, origin: Origin) -> int:
+        if not isinstance(origin, Origin):
+            raise InputError("origin", f"expected an Origin, got {type(origin).__name__}")
+        i = self._ids.get(origin)
+        if i is None:
+            i = len(self._origins)
+            self._ids[origin] = i
+            self._origins.append(origin)
+        return i
+
+    def __getitem__(self, i: int) -> Origin:
+        return self._origins[int(i)]
+
+    def __len__(self) -> int:
+        return len(self._origins)
+
+    def __iter__(self):
+        return iter(self._origins)
+
+    def __repr__(self) -> str:
+        return f"OriginTable({len(self)} origins)"
+
+
+# --------------------------------------------------------------------------
+# Extent validation
+# --------------------------------------------------------------------------
+def _int_array(x, where: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.size and a.dtype.kind not in "iu":
+        raise InputError(where, f"expected integers, got dtype {a.dtype}")
+    return np.atleast_1d(a.astype(_I64, copy=False))
+
+
+def _check_bounds(offsets, lengths, nbytes: int, where: str) -> None:
+    """Raise InputError naming the first extent outside ``[0, nbytes)``."""
+    bad = (lengths > 0) & ((offsets < 0) | (offsets > nbytes - lengths))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        o, n = int(offsets[i]), int(lengths[i])
+        raise InputError(
+            f"{where}[{i}]",
+            f"extent [{o}, {o + n}) ({n} bytes at offset {o}) is out of bounds: "
+            f"expected 0 <= offset and offset + length <= {nbytes}")
+
+
+def extents(where: str, lengths, *pairs):
+    """Validate a batch of extents.
+
+    ``pairs`` are ``(name, offsets, nbytes)``: each offsets array is checked to
+    lie in ``[0, nbytes)`` for its buffer.  Scalars broadcast.  Returns the int64
+    arrays ``(lengths, offsets...)`` with zero-length extents dropped (they are
+    allowed and ignored wherever they point).
+    """
+    lengths = _int_array(lengths, f"{where}.lengths")
+    arrays = [_int_array(o, f"{where}.{name}") for name, o, _ in pairs]
+    try:
+        lengths, *arrays = np.broadcast_arrays(lengths, *arrays)
+    except ValueError as e:
+        raise InputError(where, f"offset and length arrays must have one length: {e}") from None
+    if lengths.ndim != 1:
+        raise InputError(where, f"expected 1-D offset and length arrays, got shape {lengths.shape}")
+    if (lengths < 0).any():
+        i = int(np.flatnonzero(lengths < 0)[0])
+        raise InputError(f"{where}.lengths[{i}]", f"expected a length >= 0, got {int(lengths[i])}")
+    for (name, _, nbytes), offs in zip(pairs, arrays):
+        _check_bounds(offs, lengths, nbytes, f"{where}.{name}")
+    keep = lengths > 0
+    if keep.all():
+        return (np.ascontiguousarray(lengths), *[np.ascontiguousarray(a) for a in arrays])
+    return (lengths[keep], *[a[keep] for a in arrays])
+
+
+def _starts_of(counts: np.ndarray) -> np.ndarray:
+    """Exclusive cumulative sum: where each group starts in the flat order."""
+    out = np.zeros(len(counts), dtype=_I64)
+    if len(counts) > 1:
+        np.cumsum(counts[:-1], out=out[1:])
+    return out
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """For groups of ``counts`` elements: each element's rank within its group."""
+    total = int(counts.sum())
+    return np.arange(total, dtype=_I64) - np.repeat(_starts_of(counts), counts)
+
+
+# --------------------------------------------------------------------------
+# Later-wins resolution of overlapping extents
+# --------------------------------------------------------------------------
+def resolve_later_wins(starts: np.ndarray, ends: np.ndarray):
+    """Cut overlapping intervals ``[starts[i], ends[i])`` (all non-empty) so the
+    interval with the larger index wins where they overlap.
+
+    Returns ``(piece_start, piece_end, owner)``: disjoint pieces sorted by
+    position, each owned by the index of the winning interval; adjacent pieces
+    of one owner are merged.  Vectorised: a segment tree over the elementary
+    intervals, ranges decomposed level by level, then maxima pushed down.
+    """
+    n = len(starts)
+    bounds = np.unique(np.concatenate([starts, ends]))
+    m = len(bounds) - 1                       # elementary intervals
+    size = 1
+    while size < m:
+        size *= 2
+    tree = np.full(2 * size, -1, dtype=_I64)
+    lo = np.searchsorted(bounds, starts) + size
+    hi = np.searchsorted(bounds, ends) + size
+    prio = np.arange(n, dtype=_I64)
+    active = lo < hi
+    while active.any():
+        sel = active & (lo & 1 == 1)
+        np.maximum.at(tree, lo[sel], prio[sel])
+        lo[sel] += 1
+        sel = active & (hi & 1 == 1)
+        hi[sel] -= 1
+        np.maximum.at(tree, hi[sel], prio[sel])
+        lo >>= 1
+        hi >>= 1
+        active = lo < hi
+    level = 1
+    while level < size:                       # push maxima down, level by level
+        top = tree[level:2 * level]
+        kids = tree[2 * level:4 * level].reshape(level, 2)   # children of node k: 2k, 2k+1
+        np.maximum(kids, top[:, None], out=kids)
+        level *= 2
+    owner = tree[size:size + m]
+    head = np.ones(m, dtype=bool)
+    head[1:] = owner[1:] != owner[:-1]
+    head &= owner >= 0
+    tail = np.ones(m, dtype=bool)             # last elementary interval of each run
+    tail[:-1] = owner[1:] != owner[:-1]
+    tail &= owner >= 0
+    return bounds[:-1][head], bounds[1:][tail], owner[head]
+
+
+def disjoint_in_order(starts: np.ndarray, ends: np.ndarray):
+    """If the intervals are pairwise disjoint, return an order sorting them by
+    start; else None."""
+    if len(starts) <= 1:
+        return np.arange(len(starts))
+    if (starts[1:] >= ends[:-1]).all():
+        return np.arange(len(starts))
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    if (s[1:] >= e[:-1]).all():
+        return order
+    return None
+
+
+# --------------------------------------------------------------------------
+# Pattern bytes, vectorised over many runs of one origin
+# --------------------------------------------------------------------------
+_PATTERN_BATCH_BYTES = 8 << 20
+
+
+def _pattern_batch(origin: Origin, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    ub = origin.unit_bytes
+    u0 = soff // ub
+    u1 = (soff + lens - 1) // ub
+    nu = u1 - u0 + 1
+    run = np.repeat(np.arange(len(soff)), nu)          # chunk -> run
+    k = _ranks(nu)
+    u = u0[run] + k
+    b0 = np.where(k == 0, soff[run] - u * ub, 0)        # byte range of the chunk in its unit
+    b1 = np.where(u == u1[run], soff[run] + lens[run] - u * ub, ub)
+    w0 = b0 >> 3
+    nw = ((b1 - 1) >> 3) - w0 + 1
+    chunk = np.repeat(np.arange(len(u)), nw)
+    w = (w0[chunk] + _ranks(nw)).astype(np.uint64)
+    seeds = unit_seeds(origin, u)[chunk]
+    with np.errstate(over="ignore"):
+        words = ((seeds.astype(np.uint64) << np.uint64(32)) | (w << np.uint64(16))
+                 | _check16(origin.hash32, seeds, w))
+    raw = words.astype("<u8", copy=False).view(np.uint8)
+    src = _starts_of(nw) * 8 + (b0 & 7)
+    clen = b1 - b0
+    dst = _starts_of(clen)
+    total = int(clen.sum())
+    if (src - dst == src[0]).all():                     # chunks are contiguous in raw
+        return raw[src[0]:src[0] + total].copy()
+    out = np.empty(total, dtype=np.uint8)
+    move_extents(raw, src, out, dst, clen)
+    return out
+
+
+def pattern_runs(origin: Origin, stream_offsets, lengths) -> np.ndarray:
+    """Pattern bytes of ``origin`` for many runs ``[stream_offset, +length)``,
+    concatenated in run order (uint8).  Equals concatenating ``pattern_bytes``
+    of each run, without a Python loop over runs."""
+    soff = np.atleast_1d(np.asarray(stream_offsets, dtype=_I64))
+    lens = np.atleast_1d(np.asarray(lengths, dtype=_I64))
+    soff, lens = np.broadcast_arrays(soff, lens)
+    if (soff < 0).any():
+        raise InputError("stream_offsets", "expected stream offsets >= 0")
+    keep = lens > 0
+    soff, lens = soff[keep], lens[keep]
+    total = int(lens.sum())
+    if total <= _PATTERN_BATCH_BYTES:
+        return _pattern_batch(origin, soff, lens) if total else np.zeros(0, np.uint8)
+    # cut runs into pieces of at most B bytes, then generate in batches of ~B
+    B = _PATTERN_BATCH_BYTES
+    nper = -(-lens // B)
+    r = np.repeat(np.arange(len(lens)), nper)
+    k = _ranks(nper)
+    psoff = soff[r] + k * B
+    plen = np.minimum(lens[r] - k * B, B)
+    out = np.empty(total, dtype=np.uint8)
+    ends = np.cumsum(plen)
+    cuts = np.searchsorted(ends, np.arange(B, total, B), side="left") + 1
+    pos, prev = 0, 0
+    for c in list(np.unique(cuts)) + [len(plen)]:
+        if c <= prev:
+            continue
+        part = _pattern_batch(origin, psoff[prev:c], plen[prev:c])
+        out[pos:pos + len(part)] = part
+        pos += len(part)
+        prev = c
+    return out
+
+
+# --------------------------------------------------------------------------
+# Moving byte extents between numpy arrays
+# --------------------------------------------------------------------------
+_BIG_EXTENT = 1 << 16
+_MOVE_BATCH_BYTES = 32 << 20
+
+
+def _windows(a: np.ndarray, length: int) -> np.ndarray:
+    """A view of ``a`` whose element ``i`` is the ``length`` bytes at ``a[i:]``."""
+    return np.ndarray((a.size - length + 1,), dtype=np.dtype((np.void, length)),
+                      buffer=a, strides=(1,))
+
+
+def _move_equal(src, s, dst, d, length: int) -> None:
+    if length >= _BIG_EXTENT or len(s) <= 4:
+        for a, b in zip(s.tolist(), d.tolist()):
+            dst[b:b + length] = src[a:a + length]
+        return
+    sw, dw = _windows(src, length), _windows(dst, length)
+    step = max(1, _MOVE_BATCH_BYTES // length)
+    for i in range(0, len(s), step):
+        dw[d[i:i + step]] = sw[s[i:i + step]]
+
+
+def move_extents(src: np.ndarray, s, dst: np.ndarray, d, lens) -> None:
+    """Copy extents ``src[s[i]:+lens[i]] -> dst[d[i]:+lens[i]]`` (uint8, 1-D,
+    contiguous).  Destination extents must be disjoint and ``src``/``dst`` must
+    not share memory; bounds are the caller's to check."""
+    n = len(lens)
+    if n == 0:
+        return
+    if (lens == lens[0]).all():
+        _move_equal(src, s, dst, d, int(lens[0]))
+        return
+    uniq, inv = np.unique(lens, return_inverse=True)
+    if len(uniq) <= 16:
+        for k, length in enumerate(uniq.tolist()):
+            sel = inv == k
+            _move_equal(src, s[sel], dst, d[sel], length)
+        return
+    big = lens >= 4096
+    for a, b, length in zip(s[big].tolist(), d[big].tolist(), lens[big].tolist()):
+        dst[b:b + length] = src[a:a + length]
+    s, d, lens = s[~big], d[~big], lens[~big]
+    ends = np.cumsum(lens)
+    lo = 0
+    while lo < len(lens):                               # batches of ~8 MiB, flat indices
+        base = ends[lo - 1] if lo else 0
+        hi = max(lo + 1, int(np.searchsorted(ends, base + (8 << 20), side="right")))
+        ln = lens[lo:hi]
+        delta_s = np.repeat(s[lo:hi] - _starts_of(ln), ln)
+        delta_d = np.repeat(d[lo:hi] - _starts_of(ln), ln)
+        r = np.arange(int(ln.sum()), dtype=_I64)
+        dst[delta_d + r] = src[delta_s + r]
+        lo = hi
+
+
+def gather_extents(data: np.ndarray, offsets, lengths) -> np.ndarray:
+    """The bytes of many extents of ``data``, concatenated."""
+    out = np.empty(int(np.sum(lengths)), dtype=np.uint8)
+    move_extents(data, offsets, out, _starts_of(lengths), lengths)
+    return out
+
+
+def scatter_extents(data: np.ndarray, offsets, lengths, flat: np.ndarray) -> None:
+    """Write concatenated ``flat`` bytes to disjoint extents of ``data``."""
+    move_extents(flat, _starts_of(lengths), data, offsets, lengths)
+
+
+# --------------------------------------------------------------------------
+# Compact buffer
+# --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Pieces:
+    """Maximal runs of one origin stream in a byte range (int64 arrays)."""
+
+    start: np.ndarray           # absolute offset in the buffer
+    length: np.ndarray
+    origin_id: np.ndarray
+    stream_offset: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+
+def _coalesce_mask(st, oid, so) -> np.ndarray:
+    """True where a segment starts a new run (does not continue its predecessor)."""
+    keep = np.ones(len(st), dtype=bool)
+    if len(st) > 1:
+        keep[1:] = (oid[1:] != oid[:-1]) | (so[1:] != so[:-1] + (st[1:] - st[:-1]))
+    return keep
+
+
+class CompactBuffer:
+    """A buffer of ``nbytes`` bytes whose contents are kept as provenance."""
+
+    def __init__(self, nbytes: int, table: OriginTable, origin: Origin, stream_offset: int = 0):
+        nbytes, stream_offset = int(nbytes), int(stream_offset)
+        if nbytes < 0:
+            raise InputError("nbytes", f"expected nbytes >= 0, got {nbytes}")
+        if stream_offset < 0:
+            raise InputError("stream_offset", f"expected stream_offset >= 0, got {stream_offset}")
+        self.nbytes = nbytes
+        self.table = table
+        k = 1 if nbytes else 0
+        self._start = np.zeros(k, dtype=_I64)
+        self._oid = np.full(k, table.intern(origin), dtype=_I64)
+        self._soff = np.full(k, stream_offset, dtype=_I64)
+
+    @classmethod
+    def _from_segments(cls, nbytes, table, start, oid, soff) -> "CompactBuffer":
+        buf = cls.__new__(cls)
+        buf.nbytes, buf.table = int(nbytes), table
+        buf._start, buf._oid, buf._soff = start, oid, soff
+        return buf
+
+    def __repr__(self) -> str:
+        return f"CompactBuffer({self.nbytes} bytes, {self.segment_count()} segments)"
+
+    # ---- queries ---------------------------------------------------------
+    def segment_count(self) -> int:
+        return len(self._start)
+
+    def memory_bytes(self) -> int:
+        return self._start.nbytes + self._oid.nbytes + self._soff.nbytes
+
+    def segments(self):
+        """Copies of the segment arrays ``(start, origin_id, stream_offset)``."""
+        return self._start.copy(), self._oid.copy(), self._soff.copy()
+
+    def _range(self, offset: int, nbytes: int | None, where: str):
+        offset = int(offset)
+        nbytes = self.nbytes - offset if nbytes is None else int(nbytes)
+        if nbytes < 0 or offset < 0 or offset + nbytes > self.nbytes:
+            raise InputError(where, f"range [{offset}, {offset + nbytes}) is out of bounds: "
+                                    f"expected a range inside [0, {self.nbytes})")
+        return offset, nbytes
+
+    def pieces(self, offset: int = 0, nbytes: int | None = None) -> Pieces:
+        offset, nbytes = self._range(offset, nbytes, "pieces")
+        if nbytes == 0:
+            e = np.zeros(0, dtype=_I64)
+            return Pieces(e, e.copy(), e.copy(), e.copy())
+        end = offset + nbytes
+        i0 = int(np.searchsorted(self._start, offset, side="right")) - 1
+        i1 = int(np.searchsorted(self._start, end, side="left"))
+        st = self._start[i0:i1]
+        nxt = np.empty(len(st), dtype=_I64)
+        nxt[:-1] = st[1:]
+        nxt[-1] = end
+        s = np.maximum(st, offset)
+        e = np.minimum(nxt, end)
+        return Pieces(s, e - s, self._oid[i0:i1].copy(), self._soff[i0:i1] + (s - st))
+
+    def slice(self, offset: int, nbytes: int) -> "CompactBuffer":
+        """An independent buffer of ``nbytes`` holding this buffer's range."""
+        p = self.pieces(offset, nbytes)
+        return CompactBuffer._from_segments(nbytes, self.table, p.start - int(offset),
+                                            p.origin_id, p.stream_offset)
+
+    def materialise(self, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
+        offset, nbytes = self._range(offset, nbytes, "materialise")
+        out = np.empty(nbytes, dtype=np.uint8)
+        p = self.pieces(offset, nbytes)
+        if len(p) == 0:
+            return out
+        ids = np.unique(p.origin_id)
+        for oid in ids.tolist():
+            sel = p.origin_id == oid if len(ids) > 1 else slice(None)
+            flat = pattern_runs(self.table[oid], p.stream_offset[sel], p.length[sel])
+            scatter_extents(out, p.start[sel] - offset, p.length[sel], flat)
+        return out
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        """The bytes of a range (same as ``materialise(offset, nbytes)``)."""
+        return self.materialise(offset, nbytes)
+
+    def equals(self, other) -> bool:
+        """Same provenance everywhere (a ``MaterialBuffer``: same bytes)."""
+        if not isinstance(other, CompactBuffer):
+            data = getattr(other, "data", None)
+            return data is not None and len(data) == self.nbytes and bool(
+                np.array_equal(self.materialise(), data))
+        if other.nbytes != self.nbytes or len(other._start) != len(self._start):
+            return False
+        if not (np.array_equal(self._start, other._start) and np.array_equal(self._soff, other._soff)):
+            return False
+        if other.table is self.table:
+            return bool(np.array_equal(self._oid, other._oid))
+        mine = [self.table[i] for i in self._oid.tolist()]
+        theirs = [other.table[i] for i in other._oid.tolist()]
+        return mine == theirs
+
+    # ---- writes ----------------------------------------------------------
+    def fill(self, dst_offsets, lengths, origin: Origin, stream_offsets) -> None:
+        """Write pattern bytes of ``origin`` (from ``stream_offsets``) into extents."""
+        lens, dst, soff = extents("fill", lengths, ("dst_offsets", dst_offsets, self.nbytes),
+                                  ("stream_offsets", stream_offsets, np.iinfo(_I64).max))
+        oid = self.table.intern(origin)
+        if len(lens):
+            self._write(dst, dst + lens, np.full(len(lens), oid, dtype=_I64), soff)
+
+    def copy_from(self, src: "CompactBuffer", src_offsets, dst_offsets, lengths) -> None:
+        """Copy extents of ``src`` into this buffer: all source bytes are read
+        first (``src`` may be ``self``), then written in extent order (a later
+        extent wins where destination extents overlap)."""
+        if not isinstance(src, CompactBuffer):
+            raise InputError("src", f"expected a CompactBuffer, got {type(src).__name__}")
+        lens, s_off, d_off = extents("copy_from", lengths,
+                                     ("src_offsets", src_offsets, src.nbytes),
+                                     ("dst_offsets", dst_offsets, self.nbytes))
+        if not len(lens):
+            return
+        st = src._start
+        s_end = s_off + lens
+        i0 = np.searchsorted(st, s_off, side="right") - 1
+        i1 = np.searchsorted(st, s_end, side="left")      # exclusive
+        cnt = i1 - i0
+        ext = np.repeat(np.arange(len(lens)), cnt)
+        seg = i0[ext] + _ranks(cnt)
+        seg_end = np.empty(len(seg), dtype=_I64)
+        nxt = seg + 1
+        inside = nxt < len(st)
+        seg_end[inside] = st[nxt[inside]]
+        seg_end[~inside] = src.nbytes
+        ps = np.maximum(st[seg], s_off[ext])
+        pe = np.minimum(seg_end, s_end[ext])
+        oid = src._oid[seg]
+        if src.table is not self.table:
+            uniq, inv = np.unique(oid, return_inverse=True)
+            remap = np.array([self.table.intern(src.table[i]) for i in uniq.tolist()], dtype=_I64)
+            oid = remap[inv.reshape(-1)]
+        soff = src._soff[seg] + (ps - st[seg])
+        shift = d_off[ext] - s_off[ext]
+        self._write(ps + shift, pe + shift, oid, soff)
+
+    def _write(self, ns, ne, noid, nsoff) -> None:
+        """Write new pieces (in priority order; non-empty, in bounds)."""
+        order = disjoint_in_order(ns, ne)
+        if order is None:
+            ps, pe, owner = resolve_later_wins(ns, ne)
+            ns, ne, noid, nsoff = ps, pe, noid[owner], nsoff[owner] + (ps - ns[owner])
+        elif not (order[1:] > order[:-1]).all():
+            ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
+        self._write_disjoint(ns, ne, noid, nsoff)
+
+    def _write_disjoint(self, ns, ne, noid, nsoff) -> None:
+        start, oid, soff = self._start, self._oid, self._soff
+        S = len(start)
+        lo, hi = int(ns[0]), int(ne[-1])
+        i0 = int(np.searchsorted(start, lo, side="right")) - 1
+        i1 = int(np.searchsorted(start, hi, side="left"))
+        ws, wo, wf = start[i0:i1], oid[i0:i1], soff[i0:i1]
+        # old boundaries in the window that no new piece covers
+        j = np.searchsorted(ns, ws, side="right") - 1
+        covered = (j >= 0) & (ws < ne[np.maximum(j, 0)])
+        # where the old contents resume after a piece
+        nxt_start = np.empty(len(ns), dtype=_I64)
+        nxt_start[:-1] = ns[1:]
+        nxt_start[-1] = -1
+        k = np.searchsorted(start, ne, side="right") - 1
+        resume = (ne < self.nbytes) & (ne != nxt_start) & (start[k] != ne)
+        rk = k[resume]
+        pos = np.concatenate([ws[~covered], ns, ne[resume]])
+        po = np.concatenate([wo[~covered], noid, oid[rk]])
+        pf = np.concatenate([wf[~covered], nsoff, soff[rk] + (ne[resume] - start[rk])])
+        srt = np.argsort(pos, kind="stable")
+        pos, po, pf = pos[srt], po[srt], pf[srt]
+        # coalesce, including the neighbours just outside the window
+        a = max(i0 - 1, 0)
+        b = min(i1 + 1, S)
+        pos = np.concatenate([start[a:i0], pos, start[i1:b]])
+        po = np.concatenate([oid[a:i0], po, oid[i1:b]])
+        pf = np.concatenate([soff[a:i0], pf, soff[i1:b]])
+        keep = _coalesce_mask(pos, po, pf)
+        if not keep.all():
+            pos, po, pf = pos[keep], po[keep], pf[keep]
+        if len(pos) == b - a:                              # same count: in place
+            start[a:b], oid[a:b], soff[a:b] = pos, po, pf
+            return
+        self._start = np.concatenate([start[:a], pos, start[b:]])
+        self._oid = np.concatenate([oid[:a], po, oid[b:]])
+        self._soff = np.concatenate([soff[:a], pf, soff[b:]])

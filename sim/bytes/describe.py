@@ -1,0 +1,66 @@
+"""Whose bytes are these: a byte range of a compact buffer in words.
+
+Used by race and corruption reports ("slot 4112: bytes 0-127 from request 12
+unit 3301 v1, bytes 128-255 from request 40 unit 88 v0").
+"""
+from __future__ import annotations
+
+from sim.bytes.compact import CompactBuffer
+
+
+def _owner(owner: int) -> str:
+    return "initial" if owner < 0 else f"request {owner}"
+
+
+def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) -> list[dict]:
+    """One dict per run of consecutive units of one origin in ``[offset, +nbytes)``.
+
+    Keys: ``offset`` (absolute, in the buffer), ``nbytes``, ``origin``
+    (``Origin.to_json()``), ``first_unit``, ``last_unit``, ``unit_byte_start``
+    (byte in the first unit where the run starts), ``unit_byte_end`` (exclusive
+    end in the last unit) and ``text``.  Byte ranges in ``text`` are inclusive
+    and relative to ``offset`` (the range described).  When there are more than
+    ``max_items`` runs, the first ``max_items - 1`` are listed and the last dict
+    summarises the rest: ``origin`` and the unit keys are None, ``more_runs``
+    counts the runs it stands for.
+    """
+    p = buf.pieces(offset, nbytes)
+    n = len(p)
+    max_items = max(1, int(max_items))
+    shown = n if n <= max_items else max_items - 1
+    items = []
+    for i in range(shown):
+        start, length = int(p.start[i]), int(p.length[i])
+        o = buf.table[int(p.origin_id[i])]
+        s = int(p.stream_offset[i])
+        ub = o.unit_bytes
+        u0, u1 = s // ub, (s + length - 1) // ub
+        b0, b1 = s - u0 * ub, s + length - u1 * ub
+        rel = start - int(offset)
+        head = f"bytes {rel}-{rel + length - 1}: {o.kind} layer {o.layer} {_owner(o.owner)}"
+        if u0 == u1:
+            text = f"{head} unit {u0} v{o.version} (unit bytes {b0}-{b1 - 1})"
+        else:
+            text = (f"{head} units {u0}-{u1} v{o.version} "
+                    f"(from byte {b0} of unit {u0} to byte {b1 - 1} of unit {u1})")
+        items.append({"offset": start, "nbytes": length, "origin": o.to_json(),
+                      "first_unit": u0, "last_unit": u1, "unit_byte_start": b0,
+                      "unit_byte_end": b1, "text": text})
+    if shown < n:
+        start = int(p.start[shown])
+        end = int(offset) + int(nbytes)
+        rest = n - shown
+        origins = len(set(p.origin_id[shown:].tolist()))
+        rel = start - int(offset)
+        items.append({"offset": start, "nbytes": end - start, "origin": None,
+                      "first_unit": None, "last_unit": None, "unit_byte_start": None,
+                      "unit_byte_end": None, "more_runs": rest,
+                      "text": f"bytes {rel}-{end - int(offset) - 1}: {rest} more runs "
+                              f"from {origins} origins"})
+    return items
+
+
+def describe_text(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64,
+                  sep: str = "; ") -> str:
+    """``describe`` as one line of text."""
+    return sep.join(d["text"] for d in describe(buf, offset, nbytes, max_items))

@@ -1,0 +1,186 @@
+"""The bytes of a schedule's buffers, in both representations, and their address arena.
+
+``Memory`` holds a compact (provenance) model of every buffer and, when asked,
+a materialised one (real bytes); every operation is applied to both, so they
+stay equal (the differential tests check the byte models themselves).
+
+Initial contents: unit ``u`` of layer ``L`` of a buffer holds unit ``u`` of
+origin ``(kind, L, owner=-1, version=0)`` ("the previous owner's bytes"), and a
+buffer's ``init`` fills replace chosen units by a request's data.
+
+Copies are given as clipped extents (see :func:`clip_extents`): the part of an
+extent that would write past the destination's end is dropped (and reported as
+an out-of-bounds write by the caller); the part that reads past the source's
+end writes bytes of an ``oob:<source>`` origin, so whatever lands is still named.
+
+The arena places each location's buffers one after another in declaration order,
+512 B aligned (the CUDA caching allocator's rounding), so an out-of-bounds write
+can say which neighbour it would have hit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.bytes.compact import CompactBuffer, OriginTable
+from sim.bytes.material import MaterialBuffer
+from sim.bytes.pattern import Origin
+
+ARENA_ALIGN = 512
+OOB_UNIT_BYTES = 4096
+
+
+def oob_origin(src_name: str) -> Origin:
+    return Origin(f"oob:{src_name}", 0, -1, 0, OOB_UNIT_BYTES)
+
+
+@dataclass
+class Clipped:
+    """Extents of one copy split into what can be applied.
+
+    Per original extent: ``copy_len`` bytes are copied from src; bytes
+    ``[fill_start, fill_end)`` of the extent read past the source's end; bytes
+    from ``max(copy_len, fill_end)`` on would be written past the destination.
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    length: np.ndarray
+    item: np.ndarray
+    copy_len: np.ndarray
+    fill_start: np.ndarray
+    fill_end: np.ndarray
+    src_nbytes: int
+
+
+def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
+    s, d, n = (np.asarray(a, dtype=np.int64) for a in (ext.src, ext.dst, ext.length))
+    in_dst = np.clip(dst_nbytes - d, 0, n)
+    in_src = np.clip(src_nbytes - s, 0, n)
+    copy_len = np.minimum(in_dst, in_src)
+    return Clipped(s, d, n, np.asarray(ext.item, dtype=np.int64), copy_len,
+                   np.minimum(in_src, in_dst), in_dst, src_nbytes)
+
+
+class Memory:
+    def __init__(self, buffers: dict, *, materialise: bool = True, table: OriginTable | None = None):
+        self.specs = buffers
+        self.table = table or OriginTable()
+        self.compact: dict[str, CompactBuffer] = {}
+        self.material: dict[str, MaterialBuffer] | None = {} if materialise else None
+        for name, spec in buffers.items():
+            self._init_buffer(name, spec)
+        self.arena = _arena(buffers)
+
+    # ---------------------------------------------------------------- setup
+    def _init_buffer(self, name, spec):
+        lay = spec.layout
+        first = Origin(spec.kind, 0, -1, 0, lay.unit_bytes)
+        models = [CompactBuffer(spec.nbytes, self.table, first)]
+        if self.material is not None:
+            models.append(MaterialBuffer(spec.nbytes, self.table, first))
+        idx = np.arange(lay.units, dtype=np.int64)
+        for layer in range(lay.layers):
+            origin = Origin(spec.kind, layer, -1, 0, lay.unit_bytes)
+            dst = np.asarray(lay.unit_offsets(layer, idx), dtype=np.int64)
+            for m in models:
+                m.fill(dst, np.full(idx.size, lay.unit_bytes, np.int64), origin, idx * lay.unit_bytes)
+        for f in spec.init:
+            for layer in f.layers:
+                origin = Origin(spec.kind, layer, f.owner, f.version, lay.unit_bytes)
+                dst = np.asarray(lay.unit_offsets(layer, f.indices), dtype=np.int64)
+                src = (f.first_unit + np.arange(f.indices.size, dtype=np.int64)) * lay.unit_bytes
+                for m in models:
+                    m.fill(dst, np.full(dst.size, lay.unit_bytes, np.int64), origin, src)
+        self.compact[name] = models[0]
+        if self.material is not None:
+            self.material[name] = models[1]
+
+    def _models(self, name):
+        yield self.compact[name]
+        if self.material is not None:
+            yield self.material[name]
+
+    # ---------------------------------------------------------------- mutation
+    def apply_copy(self, src: str, dst: str, c: Clipped, sel=slice(None), done=None) -> None:
+        """Apply extents ``sel`` of a clipped copy; ``done`` (bytes per selected
+        extent) applies only that prefix of each (an in-flight item)."""
+        n_copy = c.copy_len[sel]
+        f0, f1 = c.fill_start[sel], c.fill_end[sel]
+        if done is not None:
+            n_copy = np.minimum(n_copy, done)
+            f1 = np.minimum(f1, done)
+        s, d = c.src[sel], c.dst[sel]
+        keep = n_copy > 0
+        if keep.any():
+            for m_src, m_dst in zip(self._models(src), self._models(dst)):
+                m_dst.copy_from(m_src, s[keep], d[keep], n_copy[keep])
+        fill = f1 > f0
+        if fill.any():
+            origin = oob_origin(src)
+            for m in self._models(dst):
+                m.fill(d[fill] + f0[fill], (f1 - f0)[fill], origin, s[fill] + f0[fill] - c.src_nbytes)
+
+    def write_units(self, name: str, layer: int, units: np.ndarray, offsets, lengths, owner: int,
+                    version: int) -> None:
+        spec = self.specs[name]
+        origin = Origin(spec.kind, layer, owner, version, spec.layout.unit_bytes)
+        for m in self._models(name):
+            m.fill(np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), origin,
+                   np.asarray(units, np.int64) * spec.layout.unit_bytes)
+
+    # ---------------------------------------------------------------- views
+    def view(self, name: str, offset: int, nbytes: int) -> "View":
+        return View(self.compact[name].slice(offset, nbytes),
+                    None if self.material is None else self.material[name].slice(offset, nbytes), offset)
+
+    def overlay(self, view: "View", src: str, s, d, n) -> None:
+        """Copy src bytes into a view (d are absolute destination offsets)."""
+        d = np.asarray(d, np.int64) - view.offset
+        view.compact.copy_from(self.compact[src], s, d, n)
+        if view.material is not None:
+            view.material.copy_from(self.material[src], s, d, n)
+
+    def overlay_fill(self, view: "View", origin: Origin, d, n, stream_off) -> None:
+        d = np.asarray(d, np.int64) - view.offset
+        view.compact.fill(d, n, origin, stream_off)
+        if view.material is not None:
+            view.material.fill(d, n, origin, stream_off)
+
+    def final_bytes(self, name: str) -> np.ndarray:
+        if self.material is not None:
+            return self.material[name].data
+        return self.compact[name].materialise()
+
+    def neighbour(self, name: str, offset: int) -> str:
+        """Which buffer an address ``offset`` bytes from ``name``'s base falls in."""
+        loc, base = self.arena[name]
+        addr = base + offset
+        for other, (oloc, obase) in self.arena.items():
+            if oloc == loc and obase <= addr < obase + self.specs[other].nbytes:
+                return other
+        return "unallocated memory"
+
+
+@dataclass
+class View:
+    compact: CompactBuffer
+    material: MaterialBuffer | None
+    offset: int
+
+    def bytes(self) -> np.ndarray:
+        if self.material is not None:
+            return self.material.read(0, self.material.nbytes)
+        return self.compact.materialise()
+
+
+def _arena(buffers: dict) -> dict[str, tuple[str, int]]:
+    cursor: dict[str, int] = {}
+    out = {}
+    for name, spec in buffers.items():
+        loc = "host" if spec.location == "host" else f"device{spec.device}"
+        base = cursor.get(loc, 0)
+        out[name] = (loc, base)
+        cursor[loc] = base + -(-spec.nbytes // ARENA_ALIGN) * ARENA_ALIGN
+    return out

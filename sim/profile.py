@@ -1,0 +1,93 @@
+"""Hardware profiles: the timing model's parameters, read from TOML.
+
+Shipped profiles live in ``sim/profiles/``; ``load_profile`` takes a shipped
+name (``h200``, ``rtx-pro-6000``) or a path to a TOML file (e.g. one written by
+``kvrace calibrate``).  Units are in the key names: ``_gbps`` is 1e9 bytes per
+second (1 GB/s = 1e3 bytes per microsecond), ``_us`` microseconds.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from importlib import resources
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from sim.errors import InputError, require
+
+_SCHEMA = {
+    "link": {"h2d_gbps": float, "d2h_gbps": float, "launch_us": float, "memcpy_latency_us": float,
+             "item_overhead_us": float, "gpus_per_link": int},
+    "device": {"sm_count": int, "resident_warps_per_sm": int, "hbm_gbps": float,
+               "kernel_launch_us": float},
+    "compute": {"jitter_frac": float},
+}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    calibrated: bool
+    source: str
+    date: str
+    h2d_gbps: float
+    d2h_gbps: float
+    launch_us: float
+    memcpy_latency_us: float
+    item_overhead_us: float
+    gpus_per_link: int
+    sm_count: int
+    resident_warps_per_sm: int
+    hbm_gbps: float
+    kernel_launch_us: float
+    jitter_frac: float
+
+    @property
+    def resident_warps(self) -> int:
+        return self.sm_count * self.resident_warps_per_sm
+
+
+def shipped_profiles() -> list[str]:
+    files = resources.files("sim") / "profiles"
+    return sorted(p.name[:-5] for p in files.iterdir() if p.name.endswith(".toml"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    if os.path.exists(name_or_path):
+        with open(name_or_path, "rb") as f:
+            text = f.read()
+        where = name_or_path
+    else:
+        res = resources.files("sim") / "profiles" / f"{name_or_path}.toml"
+        if not res.is_file():
+            raise InputError("profile", f"no profile file {name_or_path!r} and no shipped profile of that "
+                             f"name; expected a path or one of {shipped_profiles()}")
+        text = res.read_bytes()
+        where = f"profile {name_or_path}"
+    try:
+        doc = tomllib.loads(text.decode())
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(where, f"not valid TOML: {e}") from None
+    return profile_from_dict(doc, where)
+
+
+def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
+    values = {}
+    for key, typ in (("name", str), ("calibrated", bool), ("source", str), ("date", str)):
+        require(isinstance(doc.get(key), typ), f"{where}: {key}", f"expected a {typ.__name__}, got {doc.get(key)!r}")
+        values[key] = doc[key]
+    for section, keys in _SCHEMA.items():
+        sec = doc.get(section)
+        require(isinstance(sec, dict), f"{where}: [{section}]", "missing table")
+        for key, typ in keys.items():
+            v = sec.get(key)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (typ is float or isinstance(v, int))
+            require(ok, f"{where}: {section}.{key}", f"expected a {'number' if typ is float else 'integer'}, got {v!r}")
+            positive = key != "jitter_frac" and not key.endswith("overhead_us")
+            require(v > 0 if positive else v >= 0, f"{where}: {section}.{key}",
+                    f"expected {'> 0' if positive else '>= 0'}, got {v}")
+            values[key] = typ(v)
+    return Profile(**values)

@@ -1,0 +1,155 @@
+"""When each item's bytes land: a timing model for a :class:`CopyPlan`.
+
+Times are microseconds relative to the moment the copy starts executing on
+its stream; bandwidth is in GB/s (1 GB/s = 1e3 bytes/us).
+
+Warp kernels (``warp_quota``, ``warp_per_item``)
+    After ``launch_us`` the items run in *rounds*.  With
+    ``W = min(launch.warps, resident_warps)`` concurrent warps, item ``i``
+    runs in round ``i // W`` (for the sgl-kernel launcher that is the warp's
+    ``i // warps``-th iteration, ``item_id = round * warp_num + warp_id``).
+    A round's items share the link: the round takes
+    ``item_overhead_us + round_bytes / gbps``, and rounds follow each other.
+Memcpy runs (``memcpy_runs``)
+    One ``cudaMemcpyAsync`` per run, each starting when the previous one ends
+    and taking ``memcpy_latency_us + run_bytes / gbps``; the first starts at 0.
+Partial progress (:func:`bytes_done`)
+    An item in flight at time ``t`` has written a prefix of its concatenated
+    extents (in extent order) of ``floor(frac * item_bytes / chunk_bytes) *
+    chunk_bytes`` bytes, ``frac = (t - start) / (end - start)``.
+
+Simplifications (what this model does NOT capture):
+
+* Every item of a round starts at the round's start and ends at its end; a real
+  warp starts its next item as soon as its own finishes, so rounds overlap and
+  items finish in a spread, not in lock-step.
+* The link is one number (``gbps``) shared evenly; there is no per-transaction
+  latency, no PCIe packetisation, no contention from other streams' copies
+  (the caller may scale ``gbps`` for a shared link) and no SM scheduling.
+* Progress inside an item is linear and in whole ``chunk_bytes`` steps of the
+  concatenated extents.  The AOT kernel really restarts its 256 B lane stride
+  at every extent (so an item of 576 B per layer moves 256 + 256 + 64 B per
+  layer), and the DSv4 kernel stores the first 512 B of a value before the
+  value tail and the scale; here one 584 B chunk per (token, layer) lands at
+  once.  Inside a chunk all 8-byte stores are taken to land together.
+* Memcpy progress is byte-granular and linear (no claim on the DMA engine's
+  write order beyond "a prefix").
+* A resident-warp cap turns a large grid into waves of ``W`` items; blocks are
+  not modelled.
+* Items skipped by the kernel (a negative index) occupy a slot in their round
+  and cost no bytes.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.errors import InputError
+from sim.transfers.routines import CopyPlan
+
+BYTES_PER_US_PER_GBPS = 1e3
+
+
+@dataclass(frozen=True)
+class LinkTiming:
+    """Timing parameters for one copy path (built from a hardware profile)."""
+
+    gbps: float
+    launch_us: float = 0.0
+    item_overhead_us: float = 0.0
+    memcpy_latency_us: float = 0.0
+    resident_warps: int = 1 << 30
+
+    def __post_init__(self):
+        for k in ("gbps", "launch_us", "item_overhead_us", "memcpy_latency_us"):
+            v = getattr(self, k)
+            if not isinstance(v, numbers.Real) or isinstance(v, bool) or not np.isfinite(v):
+                raise InputError(f"LinkTiming.{k}", f"expected a finite number, got {v!r}")
+            if v < 0 or (k == "gbps" and v <= 0):
+                raise InputError(f"LinkTiming.{k}",
+                                 f"expected a {'positive' if k == 'gbps' else 'non-negative'} "
+                                 f"number, got {v}")
+        rw = self.resident_warps
+        if not isinstance(rw, numbers.Integral) or isinstance(rw, bool) or rw < 1:
+            raise InputError("LinkTiming.resident_warps", f"expected an integer >= 1, got {rw!r}")
+
+    @property
+    def bytes_per_us(self) -> float:
+        return self.gbps * BYTES_PER_US_PER_GBPS
+
+
+def concurrency(plan: CopyPlan, timing: LinkTiming) -> int:
+    """Items running at once: ``min(launch.warps, resident_warps)`` (1 for memcpy)."""
+    if plan.launch.kind == "memcpy_runs":
+        return 1
+    return max(1, min(plan.launch.warps, timing.resident_warps))
+
+
+def item_rounds(plan: CopyPlan, timing: LinkTiming) -> np.ndarray:
+    """Round of every item (for memcpy runs: the run's position)."""
+    return np.arange(plan.n_items, dtype=np.int64) // concurrency(plan, timing)
+
+
+def item_times(plan: CopyPlan, timing: LinkTiming) -> tuple[np.ndarray, np.ndarray]:
+    """``(start_us, end_us)`` per item, relative to the copy's start."""
+    n = plan.n_items
+    ib = plan.extents.item_bytes().astype(np.float64)
+    bpu = timing.bytes_per_us
+    if n == 0:
+        return np.zeros(0), np.zeros(0)
+    if plan.launch.kind == "memcpy_runs":
+        dur = timing.memcpy_latency_us + ib / bpu
+        end = np.cumsum(dur)
+        return end - dur, end
+    if plan.launch.kind not in ("warp_quota", "warp_per_item"):
+        raise InputError("plan.launch.kind", f"expected warp_quota, warp_per_item or "
+                                             f"memcpy_runs, got {plan.launch.kind!r}")
+    rnd = item_rounds(plan, timing)
+    n_rounds = int(rnd[-1]) + 1
+    round_bytes = np.bincount(rnd, weights=ib, minlength=n_rounds)
+    dur = timing.item_overhead_us + round_bytes / bpu
+    round_end = timing.launch_us + np.cumsum(dur)
+    round_start = round_end - dur
+    return round_start[rnd], round_end[rnd]
+
+
+def copy_end_us(plan: CopyPlan, timing: LinkTiming) -> float:
+    """When the whole copy has landed (``launch_us`` for an empty kernel)."""
+    _, end = item_times(plan, timing)
+    if end.size:
+        return float(end.max())
+    return timing.launch_us if plan.launch.kind != "memcpy_runs" else 0.0
+
+
+def item_bytes_done(plan: CopyPlan, start_us: np.ndarray, end_us: np.ndarray,
+                    t_us: float) -> np.ndarray:
+    """Bytes of each item written by ``t_us`` (int64 per item)."""
+    ib = plan.extents.item_bytes()
+    start_us = np.asarray(start_us, dtype=np.float64)
+    end_us = np.asarray(end_us, dtype=np.float64)
+    done = np.zeros(plan.n_items, dtype=np.int64)
+    complete = end_us <= t_us
+    done[complete] = ib[complete]
+    flying = (~complete) & (start_us < t_us)
+    if flying.any():
+        chunk = max(1, int(plan.launch.chunk_bytes))
+        frac = (t_us - start_us[flying]) / (end_us[flying] - start_us[flying])
+        part = np.floor(frac * ib[flying] / chunk).astype(np.int64) * chunk
+        done[flying] = np.minimum(part, ib[flying])
+    return done
+
+
+def bytes_done(plan: CopyPlan, start_us: np.ndarray, end_us: np.ndarray,
+               t_us: float) -> np.ndarray:
+    """Bytes of each extent written by ``t_us`` (int64 per extent).
+
+    Complete items (``end <= t``) are whole, items not started are 0, an item
+    in flight has written a chunk-aligned prefix of its concatenated extents.
+    """
+    ext = plan.extents
+    if len(ext) == 0:
+        return np.zeros(0, dtype=np.int64)
+    done = item_bytes_done(plan, start_us, end_us, t_us)
+    return np.clip(done[ext.item] - ext.offset_in_item(), 0, ext.length).astype(np.int64)

@@ -1,0 +1,210 @@
+"""Verdicts on a run: manifested corruption, latent races, out-of-bounds writes.
+
+* **corruption (manifested)**: a read whose bytes differ from the same read in
+  the happens-before-order execution (``run_reference``).  A corrupt read is
+  ``torn`` when some buffer unit (page or row) inside one of its extents holds
+  both expected and unexpected bytes (it saw a copy part-way through an item),
+  else ``stale`` (every unit it saw is wholly old or wholly foreign).
+* **latent race**: see ``sim.hb``; reported whether or not this run's timing
+  made it manifest.
+* **out-of-bounds write**: a copy extent that leaves its destination (or reads
+  past its source), with the neighbour it would hit.
+
+``analyse`` returns one JSON-serialisable dict (the ``kvrace schedule run
+--json`` document); ``summary_text`` the human report.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from sim.bytes.describe import describe
+from sim.executor import RunResult, run_reference
+from sim.hb import HappensBefore, latent_races
+from sim.memory import Memory
+
+MAX_DESCRIBE = 16
+
+
+def _describe_view(view, rel_off: int, nbytes: int, max_items=MAX_DESCRIBE) -> list[dict]:
+    items = describe(view.compact, rel_off, nbytes, max_items=max_items)
+    for it in items:
+        it["offset"] += view.offset
+    return items
+
+
+def _provenance_per_byte(view) -> tuple[np.ndarray, np.ndarray]:
+    """(origin, stream offset) of every byte of a view; origins as a global key."""
+    p = view.compact.pieces(0, view.compact.nbytes)
+    keys = np.array([_origin_key(view.compact.table[int(i)]) for i in p.origin_id], dtype=np.int64)
+    origin = np.repeat(keys, p.length)
+    stream = np.repeat(p.stream_offset - p.start, p.length) + np.arange(view.compact.nbytes)
+    return origin, stream
+
+
+_ORIGIN_KEYS: dict = {}
+
+
+def _origin_key(origin) -> int:
+    return _ORIGIN_KEYS.setdefault(origin, len(_ORIGIN_KEYS))
+
+
+def differing_bytes(vo, vr) -> np.ndarray:
+    """Per byte: does the observed view hold other bytes (by provenance) than the reference?
+
+    Provenance, not byte values, decides: two origins' pattern words share their
+    word-index bytes, so equal values can still be someone else's bytes."""
+    oo, so = _provenance_per_byte(vo)
+    orr, sr = _provenance_per_byte(vr)
+    return (oo != orr) | (so != sr)
+
+
+def _classify(obs, ref, unit_bytes: int) -> tuple[str, dict | None, int]:
+    """Compare one read's views with the reference's: status, first mismatch, bytes differing."""
+    first = None
+    differing = 0
+    torn = False
+    for vo, vr in zip(obs.views, ref.views):
+        diff = differing_bytes(vo, vr)
+        bo = diff
+        if not diff.any():
+            continue
+        differing += int(diff.sum())
+        # split the extent at buffer unit boundaries: a unit both right and wrong is torn
+        unit_id = (vo.offset + np.arange(bo.size)) // unit_bytes
+        bounds = np.flatnonzero(np.diff(unit_id)) + 1
+        for part in np.split(diff, bounds):
+            if part.any() and not part.all():
+                torn = True
+        if first is None:
+            k = int(np.argmax(diff))
+            first = {
+                "offset": vo.offset + k,
+                "observed": _describe_view(vo, k, 1, 1)[0]["text"],
+                "expected": _describe_view(vr, k, 1, 1)[0]["text"],
+            }
+    if differing == 0:
+        return "ok", None, 0
+    return ("torn" if torn else "stale"), first, differing
+
+
+def _position(layout, offset: int) -> dict:
+    try:
+        return layout.describe(int(offset))
+    except Exception as e:  # describe is informative only; never hide the verdict
+        return {"offset": int(offset), "error": str(e)}
+
+
+def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
+    s = run.schedule
+    reference = reference or run_reference(s, materialise=run.memory.material is not None)
+    ref_reads = {r.op_id: r for r in reference.reads}
+    reads = []
+    for r in run.reads:
+        ref = ref_reads[r.op_id]
+        layout = s.buffers[r.buffer].layout
+        status, first, differing = _classify(r, ref, layout.unit_bytes)
+        data = r.bytes()
+        entry = {
+            "op": r.op_id, "stream": r.stream, "buffer": r.buffer, "time_us": round(r.time_us, 4),
+            "nbytes": r.nbytes, "status": status, "bytes_differing": differing,
+            "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
+            "expected_sha256": hashlib.sha256(ref.bytes().tobytes()).hexdigest(),
+            "position": _position(layout, r.offsets[0]),
+            "provenance": [p for v in r.views for p in _describe_view(v, 0, v.compact.nbytes)][:MAX_DESCRIBE],
+            "copies_in_flight": r.in_flight,
+        }
+        if first is not None:
+            first["position"] = _position(layout, first["offset"])
+            entry["first_mismatch"] = first
+            entry["expected_provenance"] = [p for v in ref.views
+                                            for p in _describe_view(v, 0, v.compact.nbytes)][:MAX_DESCRIBE]
+        reads.append(entry)
+
+    initial = Memory(s.buffers, materialise=False, table=reference.memory.table)
+    races = []
+    hb = HappensBefore(s)
+    for race in latent_races(s, hb):
+        a, b = s.ops[race["a"].op], s.ops[race["b"].op]
+        layout = s.buffers[race["buffer"]].layout
+        lo, hi = int(race["starts"][0]), int(race["ends"][0])
+        races.append({
+            "buffer": race["buffer"],
+            "ops": [a.id, b.id],
+            "kinds": [f"{a.op} ({'write' if race['a'].write else 'read'})",
+                      f"{b.op} ({'write' if race['b'].write else 'read'})"],
+            "streams": [a.stream, b.stream],
+            "bytes": race["bytes"],
+            "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:8], race["ends"][:8])],
+            "first_range": [lo, hi],
+            "position": _position(layout, lo),
+            "layer": _position(layout, lo).get("layer"),
+            "old_bytes": describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
+            "new_bytes": describe(reference.memory.compact[race["buffer"]], lo, hi - lo, max_items=4),
+        })
+
+    return {
+        "kvrace_report": 1,
+        "schedule": s.name,
+        "schedule_digest": s.digest(),
+        "profile": run.profile.name if run.profile else None,
+        "profile_calibrated": run.profile.calibrated if run.profile else None,
+        "reads": reads,
+        "reads_total": len(reads),
+        "stale_reads": sum(r["status"] == "stale" for r in reads),
+        "torn_reads": sum(r["status"] == "torn" for r in reads),
+        "corrupt_reads": sum(r["status"] != "ok" for r in reads),
+        "latent_races": races,
+        "oob_writes": [o for o in run.oob if o["side"] == "dst"],
+        "oob_reads": [o for o in run.oob if o["side"] == "src"],
+        "buffers": {name: {"nbytes": spec.nbytes,
+                           "sha256": hashlib.sha256(run.memory.final_bytes(name).tobytes()).hexdigest()}
+                    for name, spec in s.buffers.items()},
+        "timings_us": {k: [round(a, 4), round(b, 4)] for k, (a, b) in run.timings.items()},
+        "tie_orders": [[round(t, 4), ids] for t, ids in run.tie_orders],
+        "end_us": round(run.end_us, 4),
+    }
+
+
+def summary_text(rep: dict) -> str:
+    lines = [f"schedule {rep['schedule']}  (profile {rep['profile']}"
+             f"{'' if rep['profile_calibrated'] else ', uncalibrated'}; simulated {rep['end_us']:.2f} us)"]
+    lines.append(f"reads: {rep['reads_total']}  corrupt: {rep['corrupt_reads']} "
+                 f"(stale {rep['stale_reads']}, torn {rep['torn_reads']})  "
+                 f"latent races: {len(rep['latent_races'])}  out-of-bounds writes: {len(rep['oob_writes'])}")
+    for r in rep["reads"]:
+        lines.append(f"\nread {r['op']} on {r['stream']} at {r['time_us']:.3f} us: {r['buffer']} "
+                     f"{r['nbytes']} B -> {r['status'].upper()}")
+        for c in r["copies_in_flight"]:
+            lines.append(f"  copy {c['copy']} in flight: {c['items_done']}/{c['items']} items landed, "
+                         f"{c['items_in_flight']} part-way")
+        if r["status"] != "ok":
+            fm = r["first_mismatch"]
+            lines.append(f"  {r['bytes_differing']} bytes differ from the happens-before order; first at "
+                         f"offset {fm['offset']} ({_pos_text(fm['position'])})")
+            lines.append(f"    saw:      {fm['observed']}")
+            lines.append(f"    expected: {fm['expected']}")
+            lines.append("  what it saw:")
+            lines.extend(f"    {p['text']}" for p in r["provenance"][:8])
+    for race in rep["latent_races"]:
+        lines.append(f"\nLATENT RACE on {race['buffer']} layer {race['layer']}: {race['ops'][0]} "
+                     f"[{race['kinds'][0]}, {race['streams'][0]}] vs {race['ops'][1]} "
+                     f"[{race['kinds'][1]}, {race['streams'][1]}], {race['bytes']} bytes unordered, "
+                     f"first [{race['first_range'][0]}, {race['first_range'][1]})")
+        if race["old_bytes"]:
+            lines.append(f"  old: {race['old_bytes'][0]['text']}")
+        if race["new_bytes"]:
+            lines.append(f"  new: {race['new_bytes'][0]['text']}")
+    for o in rep["oob_writes"]:
+        lines.append(f"\nOUT-OF-BOUNDS WRITE by {o['op']} ({o['routine']}) item {o['item']}: "
+                     f"{o['length']} B at offset {o['offset']} of {o['buffer']} ({o['buffer_nbytes']} B), "
+                     f"{o['bytes_outside']} B past the end, would hit {o['would_hit']}")
+    if rep["oob_writes"]:
+        total = sum(o["bytes_outside"] for o in rep["oob_writes"])
+        lines.append(f"  total: {total} bytes written past the end in {len(rep['oob_writes'])} extents")
+    return "\n".join(lines)
+
+
+def _pos_text(pos: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in pos.items() if k != "offset")

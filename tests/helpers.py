@@ -1,0 +1,34 @@
+"""Small builders shared by the simulator tests."""
+from __future__ import annotations
+
+import copy
+
+from sim.profile import load_profile, profile_from_dict
+
+H200 = load_profile("h200")
+
+
+def profile(**overrides):
+    """The h200 profile without jitter (exact times), with overrides."""
+    doc = {"name": "test", "calibrated": False, "source": "tests", "date": "2026-11",
+           "link": {"h2d_gbps": H200.h2d_gbps, "d2h_gbps": H200.d2h_gbps, "launch_us": H200.launch_us,
+                    "memcpy_latency_us": H200.memcpy_latency_us, "item_overhead_us": H200.item_overhead_us,
+                    "gpus_per_link": 1},
+           "device": {"sm_count": H200.sm_count, "resident_warps_per_sm": H200.resident_warps_per_sm,
+                      "hbm_gbps": H200.hbm_gbps, "kernel_launch_us": H200.kernel_launch_us},
+           "compute": {"jitter_frac": 0.0}}
+    for key, value in overrides.items():
+        for section in ("link", "device", "compute"):
+            if key in doc[section]:
+                doc[section][key] = value
+                break
+        else:
+            raise KeyError(key)
+    return profile_from_dict(doc)
+
+
+def schedule_doc(ops, buffers=None, streams=("s0", "s1", "s2"), events=("e0", "e1")):
+    from tests.strategies import base_buffers
+
+    return {"kvrace_schedule": 1, "name": "t", "buffers": copy.deepcopy(buffers or base_buffers()),
+            "streams": list(streams), "events": list(events), "ops": ops}
