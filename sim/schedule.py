@@ -253,8 +253,8 @@ def _selection(d: dict, where: str, buf: BufferSpec, *, allow_ranges: bool):
     ntok = lay.pages * lay.entries_per_page
     bad = idx[(idx < 0) | (idx >= ntok)]
     require(bad.size == 0, f"{where}.tokens", f"expected 0..{ntok - 1}, got {bad[:5].tolist()}")
-    offs, lens = lay.token_extents(layer, idx)
-    return layer, idx, (np.asarray(offs, dtype=np.int64), np.asarray(lens, dtype=np.int64))
+    offs, lens = lay.token_extents(layer, idx)          # (tokens, fields): token-major
+    return layer, idx, (np.asarray(offs, dtype=np.int64).ravel(), np.asarray(lens, dtype=np.int64).ravel())
 
 
 def validate(doc: Any) -> Schedule:

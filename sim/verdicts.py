@@ -144,6 +144,8 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
             "new_bytes": describe(reference.memory.compact[race["buffer"]], lo, hi - lo, max_items=4),
         })
 
+    placement = [pc for op in s.ops if op.op == "copy" for pc in [placement_check(s, op)] if pc]
+
     return {
         "kvrace_report": 1,
         "schedule": s.name,
@@ -158,6 +160,7 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
         "latent_races": races,
         "oob_writes": [o for o in run.oob if o["side"] == "dst"],
         "oob_reads": [o for o in run.oob if o["side"] == "src"],
+        "placement": placement,
         "buffers": {name: {"nbytes": spec.nbytes,
                            "sha256": hashlib.sha256(run.memory.final_bytes(name).tobytes()).hexdigest()}
                     for name, spec in s.buffers.items()},
@@ -196,14 +199,66 @@ def summary_text(rep: dict) -> str:
             lines.append(f"  old: {race['old_bytes'][0]['text']}")
         if race["new_bytes"]:
             lines.append(f"  new: {race['new_bytes'][0]['text']}")
-    for o in rep["oob_writes"]:
-        lines.append(f"\nOUT-OF-BOUNDS WRITE by {o['op']} ({o['routine']}) item {o['item']}: "
-                     f"{o['length']} B at offset {o['offset']} of {o['buffer']} ({o['buffer_nbytes']} B), "
-                     f"{o['bytes_outside']} B past the end, would hit {o['would_hit']}")
-    if rep["oob_writes"]:
-        total = sum(o["bytes_outside"] for o in rep["oob_writes"])
-        lines.append(f"  total: {total} bytes written past the end in {len(rep['oob_writes'])} extents")
+    for pc in rep["placement"]:
+        lines.append(f"\nPLACEMENT of {pc['op']} ({pc['routine']}) against {pc['reference_routine']} on the "
+                     f"buffers' own geometry: {pc['items_placed_correctly']} of {pc['items']} tokens land "
+                     f"where they belong; {pc['bytes_misplaced']} bytes written where no token's bytes belong")
+    groups: dict = {}
+    for o in rep["oob_writes"] + rep["oob_reads"]:
+        groups.setdefault((o["op"], o["side"], o["buffer"]), []).append(o)
+    for (op_id, side, buf), items in groups.items():
+        o = items[0]
+        total = sum(x["bytes_outside"] for x in items)
+        hits = sorted({x["would_hit"] for x in items})
+        last = max(x["offset"] + x["length"] for x in items)
+        what = "WRITE" if side == "dst" else "READ"
+        lines.append(f"\nOUT-OF-BOUNDS {what} by {op_id} ({o['routine']}): {total} bytes "
+                     f"{'written' if side == 'dst' else 'read'} past the end of {buf} ({o['buffer_nbytes']} B) "
+                     f"in {len(items)} extents of {len({x['item'] for x in items})} items, up to offset "
+                     f"{last - 1}; would hit: {', '.join(hits)}")
+        for x in items[:3]:
+            lines.append(f"  item {x['item']}: {x['length']} B at offset {x['offset']}, "
+                         f"{x['bytes_outside']} B outside")
     return "\n".join(lines)
+
+
+def placement_check(s, op, max_bytes: int = 1 << 24) -> dict | None:
+    """For a token-granular routine with fixed constants (dsv4_token), how many
+    tokens land where the buffers' own geometry says they belong (the
+    token_bytewise copy of the same indices), byte for byte."""
+    from sim.transfers.routines import plan as plan_copy
+
+    if op.routine != "dsv4_token":
+        return None
+    src, dst = s.buffers[op.src].layout, s.buffers[op.dst].layout
+    ext = op.plan.extents
+    if int(ext.length.sum()) > max_bytes or not (hasattr(src, "token_extents") and hasattr(dst, "token_extents")):
+        return None
+    layers = op.args.get("layers", [0])
+    try:
+        ref = [plan_copy("token_bytewise", src, dst, {"layer": int(layer), "src_indices": op.args["src_indices"],
+                                                      "dst_indices": op.args["dst_indices"]}, op.id).extents
+               for layer in layers]
+    except Exception:   # the buffers' geometries do not pair token by token: nothing to compare against
+        return None
+
+    def byte_pairs(e):
+        n = e.length
+        rep = np.repeat(np.arange(n.size), n)
+        k = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
+        return np.stack([e.item[rep], e.src[rep] + k, e.dst[rep] + k], axis=1)
+
+    actual = byte_pairs(ext)
+    intended = np.concatenate([byte_pairs(r) for r in ref])
+    both = np.concatenate([intended, actual])
+    _, inv = np.unique(both, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    in_actual = np.isin(inv[:len(intended)], inv[len(intended):])
+    bad_items = np.unique(intended[~in_actual, 0])
+    n_items = int(ext.n_items)
+    stray = ~np.isin(inv[len(intended):], inv[:len(intended)])
+    return {"op": op.id, "routine": op.routine, "reference_routine": "token_bytewise", "items": n_items,
+            "items_placed_correctly": n_items - int(bad_items.size), "bytes_misplaced": int(stray.sum())}
 
 
 def _pos_text(pos: dict) -> str:

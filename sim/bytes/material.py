@@ -101,7 +101,7 @@ class MaterialBuffer:
         if disjoint_in_order(d_off, d_off + lens) is None:
             ps, pe, owner = resolve_later_wins(d_off, d_off + lens)
             s_off, d_off, lens = s_off[owner] + (ps - d_off[owner]), ps, pe - ps
-        if False:
+        if np.may_share_memory(src.data, self.data):
             flat = gather_extents(src.data, s_off, lens)   # read everything, then write
             scatter_extents(self.data, d_off, lens, flat)
             return
