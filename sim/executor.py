@@ -93,6 +93,10 @@ class RunResult:
     tie_orders: list[tuple[float, list[str]]]
     oob: list[dict]
     end_us: float
+    item_end_us: dict[str, np.ndarray] = field(default_factory=dict)   # copy id -> when each item landed
+    access_us: dict[str, float] = field(default_factory=dict)          # read/write id -> when it touched bytes
+    access_seq: dict[str, int] = field(default_factory=dict)           # read/write id -> order of touching
+    torn: bool = True                                                  # in-flight items visible part-way
 
 
 class _Copy:
@@ -140,6 +144,9 @@ class Executor:
         self.tie_orders: list[tuple[float, list[str]]] = []
         self._pending: list = []
         self._links: dict = {}
+        self.item_end_us: dict[str, np.ndarray] = {}
+        self.access_us: dict[str, float] = {}
+        self.access_seq: dict[str, int] = {}
 
     # ---------------------------------------------------------------- reports
     def _oob_reports(self, op, ext, src, dst) -> list[dict]:
@@ -222,7 +229,8 @@ class Executor:
         if unfinished:  # cannot happen for a validated schedule; guard the invariant
             raise AssertionError(f"ops never completed: {unfinished[:5]}")
         return RunResult(self.s, self.p, self.mem, self.reads, self.timings, self.tie_orders,
-                         self.oob, self.env.now)
+                         self.oob, self.env.now, self.item_end_us, self.access_us,
+                         self.access_seq, self.torn)
 
     def _host(self, queues, done):
         last_on_stream: dict[str, int] = {}
@@ -262,6 +270,8 @@ class Executor:
                 t0 = self.env.now
                 yield self.env.timeout(self.p.kernel_launch_us)
                 self._advance(self.env.now)
+                self.access_us[op.id] = self.env.now
+                self.access_seq[op.id] = len(self.access_seq)
                 if op.op == "read":
                     self._capture(op)
                 else:
@@ -286,6 +296,7 @@ class Executor:
         start, end = item_times(op.plan, timing)
         cp = _Copy(op, self.clipped[op.id], np.asarray(start, float), np.asarray(end, float), t0)
         self.active.append(cp)
+        self.item_end_us[op.id] = cp.end_abs
         total = float(end.max()) if end.size else 0.0
         yield self.env.timeout(total)
         self._advance(self.env.now)
