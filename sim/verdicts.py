@@ -27,11 +27,19 @@ from sim.memory import Memory
 MAX_DESCRIBE = 16
 
 
-def _describe_view(view, rel_off: int, nbytes: int, max_items=MAX_DESCRIBE) -> list[dict]:
-    items = describe(view.compact, rel_off, nbytes, max_items=max_items)
+def _describe(buf, offset: int, nbytes: int, base: int = 0, max_items=MAX_DESCRIBE) -> list[dict]:
+    """describe() with offsets and text in absolute buffer offsets (``base`` is
+    the buffer offset of ``buf``'s byte 0: a view's offset, or 0)."""
+    items = describe(buf, offset, nbytes, max_items=max_items)
     for it in items:
-        it["offset"] += view.offset
+        it["offset"] += base
+        head, rest = it["text"].split(": ", 1)
+        it["text"] = f"bytes {it['offset']}-{it['offset'] + it['nbytes'] - 1}: {rest}"
     return items
+
+
+def _describe_view(view, rel_off: int, nbytes: int, max_items=MAX_DESCRIBE) -> list[dict]:
+    return _describe(view.compact, rel_off, nbytes, view.offset, max_items)
 
 
 def _provenance_per_byte(view) -> tuple[np.ndarray, np.ndarray]:
@@ -140,8 +148,8 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
             "first_range": [lo, hi],
             "position": _position(layout, lo),
             "layer": _position(layout, lo).get("layer"),
-            "old_bytes": describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
-            "new_bytes": describe(reference.memory.compact[race["buffer"]], lo, hi - lo, max_items=4),
+            "old_bytes": _describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
+            "new_bytes": _describe(reference.memory.compact[race["buffer"]], lo, hi - lo, max_items=4),
         })
 
     placement = [pc for op in s.ops if op.op == "copy" for pc in [placement_check(s, op)] if pc]

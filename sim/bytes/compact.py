@@ -13,10 +13,12 @@ Invariants (kept by every operation):
   (same origin id and ``stream_offset[i] == stream_offset[i-1] + start[i] - start[i-1]``),
   so equal provenance means equal arrays.
 
-Batch writes are vectorised; overlapping destination extents are resolved
-"later extent wins" with a segment tree over elementary intervals.  A write
-costs O(n log n) in its new pieces, plus the segments in the window it spans,
-plus one splice of the arrays (memcpy-speed, O(total segments)).
+The arrays are cut into blocks of about 16k segments (a list of numpy
+arrays), so an operation copies and searches only the blocks its byte range
+spans.  Batch writes are vectorised; overlapping destination extents are
+resolved "later extent wins" with a segment tree over elementary intervals.
+A write costs O((n + w) log) for n new pieces and w segments in the blocks
+its range spans.
 
 This module also holds the extent helpers the materialised model shares:
 validation, later-wins resolution, vectorised pattern generation and batched
@@ -357,8 +359,82 @@ def _coalesce_mask(st, oid, so) -> np.ndarray:
     return keep
 
 
+def _window_pieces(st, oid, soff, offset: int, stop: int):
+    """Segments of a window clipped to ``[offset, stop)`` (inside the window)."""
+    i0 = int(np.searchsorted(st, offset, side="right")) - 1
+    i1 = int(np.searchsorted(st, stop, side="left"))
+    seg = st[i0:i1]
+    nxt = np.empty(len(seg), dtype=_I64)
+    nxt[:-1] = seg[1:]
+    nxt[-1] = stop
+    s = np.maximum(seg, offset)
+    e = np.minimum(nxt, stop)
+    return Pieces(s, e - s, oid[i0:i1].copy(), soff[i0:i1] + (s - seg))
+
+
+def _window_gather(st, oid, soff, end: int, s_off, lens):
+    """The source pieces of many extents, in extent order then position:
+    ``(extent, start, stop, origin_id, stream_offset)``.  The window's last
+    segment runs to ``end``."""
+    s_end = s_off + lens
+    i0 = np.searchsorted(st, s_off, side="right") - 1
+    i1 = np.searchsorted(st, s_end, side="left")          # exclusive
+    cnt = i1 - i0
+    ext = np.repeat(np.arange(len(lens)), cnt)
+    seg = i0[ext] + _ranks(cnt)
+    nxt = seg + 1
+    inside = nxt < len(st)
+    seg_end = np.full(len(seg), end, dtype=_I64)
+    seg_end[inside] = st[nxt[inside]]
+    ps = np.maximum(st[seg], s_off[ext])
+    pe = np.minimum(seg_end, s_end[ext])
+    return ext, ps, pe, oid[seg], soff[seg] + (ps - st[seg])
+
+
+def _window_write(st, oid, soff, end: int, ns, ne, noid, nsoff):
+    """A window's segments after writing disjoint, sorted, non-empty pieces
+    that lie inside it (its last segment runs to ``end``).  Returns new arrays,
+    coalesced."""
+    S = len(st)
+    lo, hi = int(ns[0]), int(ne[-1])
+    i0 = int(np.searchsorted(st, lo, side="right")) - 1
+    i1 = int(np.searchsorted(st, hi, side="left"))
+    ws, wo, wf = st[i0:i1], oid[i0:i1], soff[i0:i1]
+    # old boundaries that no new piece covers
+    j = np.searchsorted(ns, ws, side="right") - 1
+    covered = (j >= 0) & (ws < ne[np.maximum(j, 0)])
+    # where the old contents resume after a piece (unless a boundary is there)
+    nxt_start = np.empty(len(ns), dtype=_I64)
+    nxt_start[:-1] = ns[1:]
+    nxt_start[-1] = -1
+    k = np.searchsorted(st, ne, side="right") - 1
+    resume = (ne < end) & (ne != nxt_start) & (st[k] != ne)
+    rk = k[resume]
+    pos = np.concatenate([ws[~covered], ns, ne[resume]])
+    po = np.concatenate([wo[~covered], noid, oid[rk]])
+    pf = np.concatenate([wf[~covered], nsoff, soff[rk] + (ne[resume] - st[rk])])
+    srt = np.argsort(pos, kind="stable")
+    # coalesce, including the neighbours just outside [i0, i1)
+    a, b = max(i0 - 1, 0), min(i1 + 1, S)
+    pos = np.concatenate([st[a:i0], pos[srt], st[i1:b]])
+    po = np.concatenate([oid[a:i0], po[srt], oid[i1:b]])
+    pf = np.concatenate([soff[a:i0], pf[srt], soff[i1:b]])
+    keep = _coalesce_mask(pos, po, pf)
+    if not keep.all():
+        pos, po, pf = pos[keep], po[keep], pf[keep]
+    return (np.concatenate([st[:a], pos, st[b:]]), np.concatenate([oid[:a], po, oid[b:]]),
+            np.concatenate([soff[:a], pf, soff[b:]]))
+
+
 class CompactBuffer:
-    """A buffer of ``nbytes`` bytes whose contents are kept as provenance."""
+    """A buffer of ``nbytes`` bytes whose contents are kept as provenance.
+
+    The segment arrays are cut into blocks of about ``block_segments``
+    segments, so an operation touches (copies, re-sorts) only the blocks its
+    byte range spans, not the whole buffer.
+    """
+
+    block_segments = 1 << 14
 
     def __init__(self, nbytes: int, table: OriginTable, origin: Origin, stream_offset: int = 0):
         nbytes, stream_offset = int(nbytes), int(stream_offset)
@@ -366,33 +442,72 @@ class CompactBuffer:
             raise InputError("nbytes", f"expected nbytes >= 0, got {nbytes}")
         if stream_offset < 0:
             raise InputError("stream_offset", f"expected stream_offset >= 0, got {stream_offset}")
-        self.nbytes = nbytes
-        self.table = table
         k = 1 if nbytes else 0
-        self._start = np.zeros(k, dtype=_I64)
-        self._oid = np.full(k, table.intern(origin), dtype=_I64)
-        self._soff = np.full(k, stream_offset, dtype=_I64)
+        self._init(nbytes, table, np.zeros(k, dtype=_I64),
+                   np.full(k, table.intern(origin), dtype=_I64), np.full(k, stream_offset, dtype=_I64))
+
+    def _init(self, nbytes, table, st, oid, soff) -> None:
+        self.nbytes, self.table = int(nbytes), table
+        self._bs: list[np.ndarray] = []       # per block: starts, origin ids, stream offsets
+        self._bo: list[np.ndarray] = []
+        self._bf: list[np.ndarray] = []
+        self._first = np.zeros(0, dtype=_I64)  # first start of each block
+        self._count = 0
+        if len(st):
+            self._replace(0, 0, st, oid, soff)
 
     @classmethod
     def _from_segments(cls, nbytes, table, start, oid, soff) -> "CompactBuffer":
         buf = cls.__new__(cls)
-        buf.nbytes, buf.table = int(nbytes), table
-        buf._start, buf._oid, buf._soff = start, oid, soff
+        buf._init(nbytes, table, start, oid, soff)
         return buf
+
+    def _replace(self, k0: int, k1: int, st, oid, soff) -> None:
+        """Replace blocks ``[k0, k1)`` by segments cut into even blocks."""
+        n = len(st)
+        old = sum(len(b) for b in self._bs[k0:k1])
+        nblk = -(-n // self.block_segments)
+        cuts = [(i * n) // nblk for i in range(nblk + 1)]
+
+        def part(a, lo, hi):
+            return a if (lo == 0 and hi == n and a.base is None) else a[lo:hi].copy()
+
+        self._bs[k0:k1] = [part(st, cuts[i], cuts[i + 1]) for i in range(nblk)]
+        self._bo[k0:k1] = [part(oid, cuts[i], cuts[i + 1]) for i in range(nblk)]
+        self._bf[k0:k1] = [part(soff, cuts[i], cuts[i + 1]) for i in range(nblk)]
+        self._first = np.concatenate([self._first[:k0], st[cuts[:-1]], self._first[k1:]])
+        self._count += n - old
+
+    def _span(self, lo: int, hi: int, pad: bool = False):
+        """Blocks ``[k0, k1)`` covering bytes ``[lo, hi)`` (one more block each
+        side with ``pad``), their segments concatenated, and where they end."""
+        nblk = len(self._first)
+        k0 = int(np.searchsorted(self._first, lo, side="right")) - 1
+        k1 = int(np.searchsorted(self._first, hi, side="left"))
+        if pad:
+            k0, k1 = max(k0 - 1, 0), min(k1 + 1, nblk)
+        end = int(self._first[k1]) if k1 < nblk else self.nbytes
+        if k1 - k0 == 1:
+            return k0, k1, self._bs[k0], self._bo[k0], self._bf[k0], end
+        return (k0, k1, np.concatenate(self._bs[k0:k1]), np.concatenate(self._bo[k0:k1]),
+                np.concatenate(self._bf[k0:k1]), end)
 
     def __repr__(self) -> str:
         return f"CompactBuffer({self.nbytes} bytes, {self.segment_count()} segments)"
 
     # ---- queries ---------------------------------------------------------
     def segment_count(self) -> int:
-        return len(self._start)
+        return self._count
 
     def memory_bytes(self) -> int:
-        return self._start.nbytes + self._oid.nbytes + self._soff.nbytes
+        return self._first.nbytes + sum(a.nbytes for arrays in (self._bs, self._bo, self._bf)
+                                        for a in arrays)
 
     def segments(self):
-        """Copies of the segment arrays ``(start, origin_id, stream_offset)``."""
-        return self._start.copy(), self._oid.copy(), self._soff.copy()
+        """The segment arrays ``(start, origin_id, stream_offset)`` (copies)."""
+        if not self._bs:
+            return tuple(np.zeros(0, dtype=_I64) for _ in range(3))
+        return np.concatenate(self._bs), np.concatenate(self._bo), np.concatenate(self._bf)
 
     def _range(self, offset: int, nbytes: int | None, where: str):
         offset = int(offset)
@@ -407,16 +522,8 @@ class CompactBuffer:
         if nbytes == 0:
             e = np.zeros(0, dtype=_I64)
             return Pieces(e, e.copy(), e.copy(), e.copy())
-        end = offset + nbytes
-        i0 = int(np.searchsorted(self._start, offset, side="right")) - 1
-        i1 = int(np.searchsorted(self._start, end, side="left"))
-        st = self._start[i0:i1]
-        nxt = np.empty(len(st), dtype=_I64)
-        nxt[:-1] = st[1:]
-        nxt[-1] = end
-        s = np.maximum(st, offset)
-        e = np.minimum(nxt, end)
-        return Pieces(s, e - s, self._oid[i0:i1].copy(), self._soff[i0:i1] + (s - st))
+        _, _, st, oid, soff, _ = self._span(offset, offset + nbytes)
+        return _window_pieces(st, oid, soff, offset, offset + nbytes)
 
     def slice(self, offset: int, nbytes: int) -> "CompactBuffer":
         """An independent buffer of ``nbytes`` holding this buffer's range."""
@@ -447,15 +554,14 @@ class CompactBuffer:
             data = getattr(other, "data", None)
             return data is not None and len(data) == self.nbytes and bool(
                 np.array_equal(self.materialise(), data))
-        if other.nbytes != self.nbytes or len(other._start) != len(self._start):
+        if other.nbytes != self.nbytes or other.segment_count() != self.segment_count():
             return False
-        if not (np.array_equal(self._start, other._start) and np.array_equal(self._soff, other._soff)):
+        (s1, o1, f1), (s2, o2, f2) = self.segments(), other.segments()
+        if not (np.array_equal(s1, s2) and np.array_equal(f1, f2)):
             return False
         if other.table is self.table:
-            return bool(np.array_equal(self._oid, other._oid))
-        mine = [self.table[i] for i in self._oid.tolist()]
-        theirs = [other.table[i] for i in other._oid.tolist()]
-        return mine == theirs
+            return bool(np.array_equal(o1, o2))
+        return [self.table[i] for i in o1.tolist()] == [other.table[i] for i in o2.tolist()]
 
     # ---- writes ----------------------------------------------------------
     def fill(self, dst_offsets, lengths, origin: Origin, stream_offsets) -> None:
@@ -477,26 +583,12 @@ class CompactBuffer:
                                      ("dst_offsets", dst_offsets, self.nbytes))
         if not len(lens):
             return
-        st = src._start
-        s_end = s_off + lens
-        i0 = np.searchsorted(st, s_off, side="right") - 1
-        i1 = np.searchsorted(st, s_end, side="left")      # exclusive
-        cnt = i1 - i0
-        ext = np.repeat(np.arange(len(lens)), cnt)
-        seg = i0[ext] + _ranks(cnt)
-        seg_end = np.empty(len(seg), dtype=_I64)
-        nxt = seg + 1
-        inside = nxt < len(st)
-        seg_end[inside] = st[nxt[inside]]
-        seg_end[~inside] = src.nbytes
-        ps = np.maximum(st[seg], s_off[ext])
-        pe = np.minimum(seg_end, s_end[ext])
-        oid = src._oid[seg]
+        _, _, st, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
+        ext, ps, pe, oid, soff = _window_gather(st, oid, soff, end, s_off, lens)
         if src.table is not self.table:
             uniq, inv = np.unique(oid, return_inverse=True)
             remap = np.array([self.table.intern(src.table[i]) for i in uniq.tolist()], dtype=_I64)
             oid = remap[inv.reshape(-1)]
-        soff = src._soff[seg] + (ps - st[seg])
         shift = d_off[ext] - s_off[ext]
         self._write(ps + shift, pe + shift, oid, soff)
 
@@ -508,42 +600,5 @@ class CompactBuffer:
             ns, ne, noid, nsoff = ps, pe, noid[owner], nsoff[owner] + (ps - ns[owner])
         elif not (order[1:] > order[:-1]).all():
             ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
-        self._write_disjoint(ns, ne, noid, nsoff)
-
-    def _write_disjoint(self, ns, ne, noid, nsoff) -> None:
-        start, oid, soff = self._start, self._oid, self._soff
-        S = len(start)
-        lo, hi = int(ns[0]), int(ne[-1])
-        i0 = int(np.searchsorted(start, lo, side="right")) - 1
-        i1 = int(np.searchsorted(start, hi, side="left"))
-        ws, wo, wf = start[i0:i1], oid[i0:i1], soff[i0:i1]
-        # old boundaries in the window that no new piece covers
-        j = np.searchsorted(ns, ws, side="right") - 1
-        covered = (j >= 0) & (ws < ne[np.maximum(j, 0)])
-        # where the old contents resume after a piece
-        nxt_start = np.empty(len(ns), dtype=_I64)
-        nxt_start[:-1] = ns[1:]
-        nxt_start[-1] = -1
-        k = np.searchsorted(start, ne, side="right") - 1
-        resume = (ne < self.nbytes) & (ne != nxt_start) & (start[k] != ne)
-        rk = k[resume]
-        pos = np.concatenate([ws[~covered], ns, ne[resume]])
-        po = np.concatenate([wo[~covered], noid, oid[rk]])
-        pf = np.concatenate([wf[~covered], nsoff, soff[rk] + (ne[resume] - start[rk])])
-        srt = np.argsort(pos, kind="stable")
-        pos, po, pf = pos[srt], po[srt], pf[srt]
-        # coalesce, including the neighbours just outside the window
-        a = max(i0 - 1, 0)
-        b = min(i1 + 1, S)
-        pos = np.concatenate([start[a:i0], pos, start[i1:b]])
-        po = np.concatenate([oid[a:i0], po, oid[i1:b]])
-        pf = np.concatenate([soff[a:i0], pf, soff[i1:b]])
-        keep = _coalesce_mask(pos, po, pf)
-        if not keep.all():
-            pos, po, pf = pos[keep], po[keep], pf[keep]
-        if len(pos) == b - a:                              # same count: in place
-            start[a:b], oid[a:b], soff[a:b] = pos, po, pf
-            return
-        self._start = np.concatenate([start[:a], pos, start[b:]])
-        self._oid = np.concatenate([oid[:a], po, oid[b:]])
-        self._soff = np.concatenate([soff[:a], pf, soff[b:]])
+        k0, k1, st, oid, soff, end = self._span(int(ns[0]), int(ne[-1]), pad=True)
+        self._replace(k0, k1, *_window_write(st, oid, soff, end, ns, ne, noid, nsoff))
