@@ -1,0 +1,268 @@
+"""CUDA C++ source of the builtin kernels, and the packing of their parameter block.
+
+Pure Python: nothing here needs a GPU, torch or NVRTC, so the source and the packing are tested
+on any machine.  ``builtin.py`` compiles ``kernel_source()`` with NVRTC and launches it.
+
+Every kernel takes one argument, ``Params`` by value.  Its C definition and the Python packing
+are generated from the same field list (``PARAM_FIELDS``), all 8-byte integers, so the two
+cannot drift apart and the struct has no padding.
+
+Addresses are computed on the device from the indices and the layout parameters (``Lay``:
+mode, layers, units, unit bytes, host page size, entries per unit; field tables for
+``token_bytewise``; the fixed C4 constants for ``dsv4_token``), not from host-computed extents.
+
+Kernels (one per routine family):
+
+* ``kvr_rows``: ``kernel_per_layer``, ``kernel_all_layer``, ``dsa_indexer_per_layer``.  The
+  sgl-kernel launch shape: item ``i`` is copied by warp ``i % warps`` in round
+  ``i // warps`` (at most 2 CTAs of 32 warps); a warp moves 8 bytes per lane per step.  Index
+  ``k`` of item ``i`` is ``floor(indices[i * index_stride] / index_div)`` (1 and 1, or the DSA
+  page size twice: first token of the page, divided by the page size).  Pairs with a negative
+  index are skipped.  The layers in ``layers`` are visited inside each item.
+* ``kvr_dsv4``: ``dsv4_token``.  One warp per token (grid ``ceil(N/32)`` x 1024 threads).  The
+  index is cast to int32; page ``index >> 6``, entry ``index & 63``; value 576 B at
+  ``page * 37440 + entry * 576`` and scale 8 B at ``page * 37440 + 36864 + entry * 8`` from each
+  layer's base (unit 0 of that layer), whatever the buffer's real geometry.
+* ``kvr_fields``: ``token_bytewise``.  The sgl-kernel launch shape; token ``t`` lives in unit
+  ``t / entries_per_unit``, entry ``t % entries_per_unit`` of each side, and every field entry is
+  copied to the same field entry of the destination token, 8, 4 or 1 bytes per lane step
+  depending on alignment.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+MAX_FIELDS = 8
+WARP = 32
+QUOTA_BLOCKS = 2
+QUOTA_WARPS_PER_BLOCK = 32
+DSV4_BLOCK_THREADS = 1024
+DSV4 = {"page_size": 64, "page_shift": 6, "value_bytes": 576, "scale_bytes": 8,
+        "page_bytes": -(-(576 + 8) * 64 // 576) * 576, "scale_offset": 576 * 64}
+
+LAY_FIELDS = ("mode", "layers", "units", "unit_bytes", "page_size", "epu")
+#: (name, count): every entry an int64 / uint64 in C
+PARAM_FIELDS: tuple[tuple[str, int], ...] = (
+    ("src", 1), ("dst", 1),                 # logical buffer addresses
+    ("src_idx", 1), ("dst_idx", 1),         # device int64 index arrays
+    ("layer_ids", 1), ("n_layers", 1),      # device int64 layer ids
+    ("n_items", 1), ("items_per_warp", 1),
+    ("item_bytes", 1), ("index_stride", 1), ("index_div", 1),
+    *((f"src_{k}", 1) for k in LAY_FIELDS),
+    *((f"dst_{k}", 1) for k in LAY_FIELDS),
+    ("n_fields", 1),
+    ("f_src_off", MAX_FIELDS), ("f_dst_off", MAX_FIELDS), ("f_len", MAX_FIELDS),
+)
+PARAM_WORDS = sum(n for _, n in PARAM_FIELDS)
+KERNELS = {"kernel_per_layer": "kvr_rows", "kernel_all_layer": "kvr_rows",
+           "dsa_indexer_per_layer": "kvr_rows", "dsv4_token": "kvr_dsv4",
+           "token_bytewise": "kvr_fields"}
+
+
+def _struct_source() -> str:
+    lines = ["struct Params {"]
+    for name, n in PARAM_FIELDS:
+        lines.append(f"  long long {name}{f'[{n}]' if n > 1 else ''};")
+    lines.append("};")
+    return "\n".join(lines)
+
+
+def pack_params(values: dict) -> np.ndarray:
+    """The parameter block as int64 words, in ``PARAM_FIELDS`` order.
+
+    ``values`` maps field names to ints (lists for the field tables, zero-padded to
+    ``MAX_FIELDS``); missing names are zero.  Unsigned 64-bit values (pointers) wrap to int64.
+    """
+    unknown = set(values) - {n for n, _ in PARAM_FIELDS}
+    if unknown:
+        raise ValueError(f"kernel parameters: unknown names {sorted(unknown)}; "
+                         f"expected names from PARAM_FIELDS")
+    words: list[int] = []
+    for name, n in PARAM_FIELDS:
+        v = values.get(name, [] if n > 1 else 0)
+        seq = list(v) if n > 1 else [v]
+        if len(seq) > n:
+            raise ValueError(f"kernel parameter {name}: expected at most {n} values, got {len(seq)}")
+        seq = [int(x) for x in seq] + [0] * (n - len(seq))
+        for x in seq:
+            if not -(1 << 63) <= x < (1 << 64):
+                raise ValueError(f"kernel parameter {name}: {x} does not fit in 64 bits")
+            words.append(x - (1 << 64) if x >= (1 << 63) else x)
+    return np.array(words, dtype=np.int64)
+
+
+def lay_values(prefix: str, p) -> dict:
+    """``src_*``/``dst_*`` parameter values from a ``base.LayoutParams``."""
+    return {f"{prefix}_mode": p.mode, f"{prefix}_layers": p.layers, f"{prefix}_units": p.units,
+            f"{prefix}_unit_bytes": p.unit_bytes, f"{prefix}_page_size": p.page_size,
+            f"{prefix}_epu": p.entries_per_unit}
+
+
+def quota_launch(n_items: int) -> tuple[int, int, int]:
+    """(blocks, threads per block, items per warp) of sgl-kernel's transfer_kv_launcher."""
+    if n_items <= 0:
+        return 0, QUOTA_WARPS_PER_BLOCK * WARP, 0
+    ipw = -(-n_items // (QUOTA_BLOCKS * QUOTA_WARPS_PER_BLOCK))
+    blocks = -(-n_items // (ipw * QUOTA_WARPS_PER_BLOCK))
+    return blocks, QUOTA_WARPS_PER_BLOCK * WARP, ipw
+
+
+def warp_per_item_launch(n_items: int) -> tuple[int, int, int]:
+    """(blocks, threads per block, items per warp) of transfer_cache_dsv4_mla."""
+    wpb = DSV4_BLOCK_THREADS // WARP
+    return (-(-n_items // wpb) if n_items > 0 else 0), DSV4_BLOCK_THREADS, 1
+
+
+_BODY = r"""
+#define KVR_WARP 32
+
+struct Lay { long long mode, layers, units, unit_bytes, page_size, epu; };
+
+__device__ __forceinline__ long long floor_div(long long a, long long b) {
+  long long q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+// Byte offset of unit idx of a layer: layer-major (device pages, host layer_first),
+// page_first, or page_first_direct (pages of page_size units, layers inside a page).
+__device__ __forceinline__ long long unit_off(const Lay& l, long long layer, long long idx) {
+  if (l.mode == 0) return (layer * l.units + idx) * l.unit_bytes;
+  if (l.mode == 1) return (idx * l.layers + layer) * l.unit_bytes;
+  long long page = floor_div(idx, l.page_size);
+  long long e = idx - page * l.page_size;
+  return ((page * l.layers + layer) * l.page_size + e) * l.unit_bytes;
+}
+
+__device__ __forceinline__ Lay src_lay(const Params& p) {
+  Lay l = {p.src_mode, p.src_layers, p.src_units, p.src_unit_bytes, p.src_page_size, p.src_epu};
+  return l;
+}
+__device__ __forceinline__ Lay dst_lay(const Params& p) {
+  Lay l = {p.dst_mode, p.dst_layers, p.dst_units, p.dst_unit_bytes, p.dst_page_size, p.dst_epu};
+  return l;
+}
+
+// One warp copies nbytes: lane k moves words k, k+32, ... of width W (8, 4 or 1 bytes).
+template <typename W>
+__device__ __forceinline__ void warp_copy(int lane, const char* s, char* d, long long nbytes) {
+  const W* sw = reinterpret_cast<const W*>(s);
+  W* dw = reinterpret_cast<W*>(d);
+  long long n = nbytes / (long long)sizeof(W);
+  for (long long j = lane; j < n; j += KVR_WARP) {
+    W v = __ldg(sw + j);
+    __stcg(dw + j, v);
+  }
+}
+
+__device__ __forceinline__ void warp_copy_any(int lane, const char* s, char* d, long long n) {
+  unsigned long long a = (unsigned long long)s | (unsigned long long)d | (unsigned long long)n;
+  if ((a & 7ULL) == 0) warp_copy<unsigned long long>(lane, s, d, n);
+  else if ((a & 3ULL) == 0) warp_copy<unsigned int>(lane, s, d, n);
+  else {
+    for (long long j = lane; j < n; j += KVR_WARP) d[j] = s[j];
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) kvr_rows(const Params p) {
+  const int lane = threadIdx.x % KVR_WARP;
+  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;
+  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;
+  const long long* si_arr = reinterpret_cast<const long long*>(p.src_idx);
+  const long long* di_arr = reinterpret_cast<const long long*>(p.dst_idx);
+  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
+  const Lay sl = src_lay(p), dl = dst_lay(p);
+  for (long long r = 0; r < p.items_per_warp; ++r) {
+    const long long item = r * warps + warp;
+    if (item >= p.n_items) break;
+    const long long si = floor_div(si_arr[item * p.index_stride], p.index_div);
+    const long long di = floor_div(di_arr[item * p.index_stride], p.index_div);
+    if (si < 0 || di < 0) continue;
+    for (long long k = 0; k < p.n_layers; ++k) {
+      const long long layer = layers[k];
+      const char* s = reinterpret_cast<const char*>(p.src) + unit_off(sl, layer, si);
+      char* d = reinterpret_cast<char*>(p.dst) + unit_off(dl, layer, di);
+      warp_copy<unsigned long long>(lane, s, d, p.item_bytes);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) kvr_dsv4(const Params p) {
+  const int lane = threadIdx.x % KVR_WARP;
+  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;
+  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;
+  const long long* si_arr = reinterpret_cast<const long long*>(p.src_idx);
+  const long long* di_arr = reinterpret_cast<const long long*>(p.dst_idx);
+  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
+  const Lay sl = src_lay(p), dl = dst_lay(p);
+  const long long value_words = C4_VALUE_BYTES / 8;
+  for (long long item = warp; item < p.n_items; item += warps) {
+    const int si = (int)si_arr[item];
+    const int di = (int)di_arr[item];
+    const long long s_page = (long long)(si >> C4_PAGE_SHIFT), s_e = si & (C4_PAGE_SIZE - 1);
+    const long long d_page = (long long)(di >> C4_PAGE_SHIFT), d_e = di & (C4_PAGE_SIZE - 1);
+    for (long long k = 0; k < p.n_layers; ++k) {
+      const long long layer = layers[k];
+      const char* s_base = reinterpret_cast<const char*>(p.src) + unit_off(sl, layer, 0)
+                           + s_page * C4_PAGE_BYTES;
+      char* d_base = reinterpret_cast<char*>(p.dst) + unit_off(dl, layer, 0) + d_page * C4_PAGE_BYTES;
+      const unsigned long long* sv = reinterpret_cast<const unsigned long long*>(s_base + s_e * C4_VALUE_BYTES);
+      unsigned long long* dv = reinterpret_cast<unsigned long long*>(d_base + d_e * C4_VALUE_BYTES);
+      const unsigned long long* ss = reinterpret_cast<const unsigned long long*>(
+          s_base + C4_SCALE_OFFSET + s_e * C4_SCALE_BYTES);
+      unsigned long long* ds = reinterpret_cast<unsigned long long*>(
+          d_base + C4_SCALE_OFFSET + d_e * C4_SCALE_BYTES);
+      for (long long w = lane; w <= value_words; w += KVR_WARP) {
+        if (w < value_words) __stcg(dv + w, __ldg(sv + w));
+        else __stcg(ds, __ldg(ss));
+      }
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) kvr_fields(const Params p) {
+  const int lane = threadIdx.x % KVR_WARP;
+  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;
+  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;
+  const long long* si_arr = reinterpret_cast<const long long*>(p.src_idx);
+  const long long* di_arr = reinterpret_cast<const long long*>(p.dst_idx);
+  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
+  const Lay sl = src_lay(p), dl = dst_lay(p);
+  for (long long r = 0; r < p.items_per_warp; ++r) {
+    const long long item = r * warps + warp;
+    if (item >= p.n_items) break;
+    const long long st = si_arr[item], dt = di_arr[item];
+    if (st < 0 || dt < 0) continue;
+    const long long s_unit = floor_div(st, sl.epu), s_e = st - s_unit * sl.epu;
+    const long long d_unit = floor_div(dt, dl.epu), d_e = dt - d_unit * dl.epu;
+    for (long long k = 0; k < p.n_layers; ++k) {
+      const long long layer = layers[k];
+      const char* s_tok = reinterpret_cast<const char*>(p.src) + unit_off(sl, layer, s_unit);
+      char* d_tok = reinterpret_cast<char*>(p.dst) + unit_off(dl, layer, d_unit);
+      for (long long f = 0; f < p.n_fields; ++f) {
+        const long long len = p.f_len[f];
+        warp_copy_any(lane, s_tok + p.f_src_off[f] + s_e * len, d_tok + p.f_dst_off[f] + d_e * len, len);
+      }
+    }
+  }
+}
+"""
+
+
+def kernel_source() -> str:
+    """The full CUDA C++ translation unit (no includes: NVRTC compiles it as is)."""
+    consts = "\n".join([
+        f"#define C4_PAGE_SIZE {DSV4['page_size']}LL",
+        f"#define C4_PAGE_SHIFT {DSV4['page_shift']}",
+        f"#define C4_VALUE_BYTES {DSV4['value_bytes']}LL",
+        f"#define C4_SCALE_BYTES {DSV4['scale_bytes']}LL",
+        f"#define C4_PAGE_BYTES {DSV4['page_bytes']}LL",
+        f"#define C4_SCALE_OFFSET {DSV4['scale_offset']}LL",
+    ])
+    return "// kvrace builtin copy kernels (generated by gpu_backend/providers/builtin_kernels.py)\n" \
+        + consts + "\n\n" + _struct_source() + "\n" + _BODY
+
+
+def source_digest() -> str:
+    return hashlib.sha256(kernel_source().encode()).hexdigest()[:16]
