@@ -65,9 +65,47 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep provenance only, no materialised bytes (for large schedules)")
     r.set_defaults(func=_schedule_run)
 
+    rp = sub.add_parser("replay", help="replay a schedule on a GPU and compare with the simulator (needs torch + CUDA)")
+    rp.add_argument("file")
+    rp.add_argument("--provider", default="builtin", choices=["builtin", "torch", "sglang"],
+                    help="copy kernels: kvrace's own (builtin), torch indexed copies, or the installed SGLang's")
+    rp.add_argument("--mode", default="controlled", choices=["controlled", "free"],
+                    help="controlled: force the simulator's interleaving and require equal bytes; "
+                         "free: no added synchronisation, measure how often reads are stale")
+    rp.add_argument("--trials", type=int, default=100, help="free mode: number of runs (default 100)")
+    rp.add_argument("--profile", default="h200", help="hardware profile for the simulator's prediction")
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--json", metavar="PATH", help="write the JSON result to PATH ('-' for stdout only)")
+    rp.set_defaults(func=_gpu_command("gpu_backend.replay", "cli_replay"))
+
+    cal = sub.add_parser("calibrate", help="measure this GPU and write a hardware profile (needs torch + CUDA)")
+    cal.add_argument("--out", required=True, metavar="PROFILE.toml")
+    cal.add_argument("--name", default=None, help="profile name (default: from the GPU's name)")
+    cal.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    cal.set_defaults(func=_gpu_command("gpu_backend.calibrate", "cli_calibrate"))
+
     prof = sub.add_parser("profiles", help="list the shipped hardware profiles")
     prof.set_defaults(func=_profiles)
     return p
+
+
+def _gpu_command(module: str, func: str):
+    """GPU commands live in gpu_backend/; import it only when asked (sim never needs torch)."""
+    def run(args) -> int:
+        import importlib
+
+        try:
+            import torch
+        except ImportError:
+            print(f"kvrace: error: '{args.command}' needs a GPU: torch is not installed "
+                  "(pip install 'kvrace[gpu]' on a machine with CUDA)", file=sys.stderr)
+            return 3
+        if not torch.cuda.is_available():
+            print(f"kvrace: error: '{args.command}' needs a GPU: torch {torch.__version__} sees no CUDA "
+                  "device", file=sys.stderr)
+            return 3
+        return getattr(importlib.import_module(module), func)(args)
+    return run
 
 
 def _profiles(args) -> int:
