@@ -2,7 +2,7 @@
 plain Python references."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.bytes import (CompactBuffer, MaterialBuffer, Origin, OriginTable, describe,
@@ -24,6 +24,9 @@ def naive_copy(dst: bytearray, src: bytes, extents):
 
 def check_coalesced(buf: CompactBuffer):
     start, oid, soff = buf.segments()
+    assert buf.segment_count() == len(start)
+    assert [len(b) > 0 for b in buf._bs] == [True] * len(buf._bs)
+    assert np.array_equal(buf._first, [b[0] for b in buf._bs])
     if buf.nbytes == 0:
         assert len(start) == 0
         return
@@ -60,9 +63,21 @@ def extent_list(draw, src_size, dst_size, max_n=6):
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@pytest.fixture(params=[None, 1, 3], ids=["blocks-default", "blocks-1", "blocks-3"])
+def block_segments(request):
+    """Run with the default block size and with tiny blocks (so block
+    boundaries fall everywhere)."""
+    saved = CompactBuffer.block_segments
+    if request.param:
+        CompactBuffer.block_segments = request.param
+    yield
+    CompactBuffer.block_segments = saved
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_differential_random_operations(data):
+def test_differential_random_operations(block_segments, data):
     """Random fills, copies (across and within buffers, overlapping source and
     destination, overlapping destination extents) and slices: after every step
     the compact model materialises to the materialised model's bytes, and to a
@@ -167,7 +182,7 @@ def test_move_extents_paths(lengths):
     assert np.array_equal(dst, ref)
 
 
-def test_copy_of_consecutive_units_is_one_segment():
+def test_copy_of_consecutive_units_is_one_segment(block_segments):
     table = OriginTable()
     tokens, row = 80_000, 656
     src_origin = Origin("kv", 7, 12, 1, row)
@@ -244,3 +259,18 @@ def test_describe():
     items = describe(many, 0, 1000, max_items=8)
     assert len(items) == 8 and items[-1]["more_runs"] == 200 - 7
     assert sum(d["nbytes"] for d in items) == 1000
+
+
+@settings(max_examples=150, deadline=None)
+@given(ext=st.lists(st.tuples(st.integers(0, 50), st.integers(0, 50), st.integers(1, 10)),
+                    min_size=1, max_size=6))
+def test_source_destination_overlap_check(ext):
+    """The materialised model copies directly (no gather-first) only when no
+    source extent overlaps a destination extent."""
+    from sim.bytes.material import _intersect
+    src, dst = np.zeros(60, bool), np.zeros(60, bool)
+    for s, d, n in ext:
+        src[s:s + n] = True
+        dst[d:d + n] = True
+    s_, d_, n_ = (np.array([e[k] for e in ext]) for k in range(3))
+    assert _intersect(s_, d_, n_) == bool((src & dst).any())

@@ -19,6 +19,15 @@ _I64 = np.int64
 _COPY_BATCH_BYTES = 64 << 20
 
 
+def _intersect(s_off, d_off, lens) -> bool:
+    """Does any source extent overlap any destination extent?"""
+    order = np.argsort(s_off, kind="stable")
+    s_start = s_off[order]
+    reach = np.maximum.accumulate(s_start + lens[order])   # furthest end of sources so far
+    last = np.searchsorted(s_start, d_off + lens, side="left") - 1
+    return bool(((last >= 0) & (reach[np.maximum(last, 0)] > d_off)).any())
+
+
 class MaterialBuffer:
     """A buffer of ``nbytes`` real bytes, initially ``origin``'s stream from
     ``stream_offset`` (zeros when ``origin`` is None).  ``table`` is kept for
@@ -101,7 +110,7 @@ class MaterialBuffer:
         if disjoint_in_order(d_off, d_off + lens) is None:
             ps, pe, owner = resolve_later_wins(d_off, d_off + lens)
             s_off, d_off, lens = s_off[owner] + (ps - d_off[owner]), ps, pe - ps
-        if np.may_share_memory(src.data, self.data):
+        if np.may_share_memory(src.data, self.data) and _intersect(s_off, d_off, lens):
             flat = gather_extents(src.data, s_off, lens)   # read everything, then write
             scatter_extents(self.data, d_off, lens, flat)
             return
