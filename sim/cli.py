@@ -30,6 +30,10 @@ def _schedule_run(args) -> int:
     run = run_schedule(s, profile, seed=args.seed, ties=ties, torn=not args.item_atomic,
                        materialise=not args.compact_only)
     rep = analyse(run)
+    if args.snapshot:
+        from sim.snapshot import snapshot_of
+
+        snapshot_of(run).dump(args.snapshot)
     if args.json:
         text = json.dumps(rep, indent=1)
         if args.json == "-":
@@ -54,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sched.add_parser("run", help="simulate a schedule and report reads, races and out-of-bounds writes")
     r.add_argument("file")
     r.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' for stdout only)")
+    r.add_argument("--snapshot", metavar="PATH", help="also write the predicted Snapshot (read bytes, buffer digests)")
     r.add_argument("--profile", default="h200", help="hardware profile: shipped name or TOML path (default h200)")
     r.add_argument("--seed", type=int, default=0, help="seed for jitter and seeded tie-breaking (default 0)")
     r.add_argument("--ties", default="fifo", choices=["fifo", "seeded", "explicit"],
