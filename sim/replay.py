@@ -26,39 +26,11 @@ from sim.executor import RunResult, run_reference, run_schedule
 from sim.hb import HappensBefore, latent_races
 from sim.memory import Memory, clip_extents
 from sim.schedule import Schedule, validate
-
-INDEX_ROUTINES = ("kernel_per_layer", "kernel_all_layer", "dsv4_token", "token_bytewise")
+from sim.transfers.routines import slice_items
 
 
 class ReplayError(Exception):
     """The simulated interleaving cannot be forced with streams and events alone."""
-
-
-def _item_positions(op) -> np.ndarray:
-    """Index position where each item of a copy starts (plus the end)."""
-    n = len(op.args["src_indices"])
-    if op.routine in INDEX_ROUTINES:
-        return np.arange(n + 1)
-    if op.routine == "dsa_indexer_per_layer":
-        ps = int(op.args.get("page_size", 64))
-        return np.arange(0, n + 1, ps)
-    if op.routine == "direct_per_layer":
-        s = np.asarray(op.args["src_indices"], np.int64)
-        d = np.asarray(op.args["dst_indices"], np.int64)
-        new_run = np.r_[True, (np.diff(s) != 1) | (np.diff(d) != 1)] if n else np.zeros(0, bool)
-        return np.r_[np.flatnonzero(new_run), n]
-    raise ReplayError(f"{op.id}: routine {op.routine} cannot be split at item boundaries")
-
-
-def _slice_args(op, a: int, b: int) -> dict:
-    pos = _item_positions(op)
-    lo, hi = int(pos[a]), int(pos[b])
-    args = dict(op.args)
-    args["src_indices"] = list(op.args["src_indices"][lo:hi])
-    args["dst_indices"] = list(op.args["dst_indices"][lo:hi])
-    if op.routine == "direct_per_layer":
-        args["page_size"] = 1      # a slice at a run boundary need not be page-aligned; runs are unchanged
-    return args
 
 
 @dataclass
@@ -139,7 +111,8 @@ def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dic
                 seg_id = op.id if len(bounds) == 2 else f"{op.id}#{a}-{b}"
                 d = {"id": seg_id, "op": "copy", "stream": op.stream, "routine": op.routine,
                      "src": op.src, "dst": op.dst,
-                     "args": _slice_args(op, a, b) if len(bounds) > 2 else _copy.deepcopy(op.args)}
+                     "args": slice_items(op.routine, op.args, a, b) if len(bounds) > 2
+                     else _copy.deepcopy(op.args)}
                 add((op.index, j, 0), d)
                 seg_of[(op.index, a)] = seg_id
                 seg_end[(op.index, b)] = seg_id

@@ -16,6 +16,9 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
+from sim.errors import InputError
+from sim.transfers.routines import item_bounds, slice_items
+
 ROUTINE_NAMES = ("kernel_per_layer", "kernel_all_layer", "direct_per_layer",
                  "dsa_indexer_per_layer", "dsv4_token", "token_bytewise")
 INDEX_ROUTINES = ("kernel_per_layer", "kernel_all_layer", "dsa_indexer_per_layer",
@@ -145,34 +148,22 @@ def direct_run_starts(s: np.ndarray, d: np.ndarray) -> np.ndarray:
 def n_items(routine: str, args: Mapping) -> int:
     """How many items the simulator counts for this copy."""
     check_routine(routine)
-    s, d = index_pair(args)
-    if routine == "dsa_indexer_per_layer":
-        return s.size // dsa_page_size(args)
-    if routine == "direct_per_layer":
-        return int(direct_run_starts(s, d).size)
-    return int(s.size)
+    index_pair(args)
+    return int(item_bounds(routine, args).size - 1)
 
 
 def slice_args(routine: str, args: Mapping, item_range: tuple[int, int] | None) -> dict:
-    """The arguments of the sub-launch that copies items ``a..b-1`` only."""
-    out = dict(args)
+    """The arguments of the sub-launch that copies items ``a..b-1`` only
+    (``sim.transfers.routines.slice_items``, with index arrays as numpy)."""
     if item_range is None:
-        return out
-    total = n_items(routine, args)
-    a, b = (int(x) for x in item_range)
-    if not 0 <= a <= b <= total:
-        raise ProviderError(f"item_range {tuple(item_range)} for {routine}: expected "
-                            f"0 <= a <= b <= {total} (the copy has {total} items)")
-    s, d = index_pair(args)
-    if routine == "dsa_indexer_per_layer":
-        ps = dsa_page_size(args)
-        lo, hi = a * ps, b * ps
-    elif routine == "direct_per_layer":
-        starts = np.append(direct_run_starts(s, d), s.size)
-        lo, hi = int(starts[a]), int(starts[b])
-    else:
-        lo, hi = a, b
-    out["src_indices"], out["dst_indices"] = s[lo:hi], d[lo:hi]
+        return dict(args)
+    check_routine(routine)
+    try:
+        out = slice_items(routine, args, int(item_range[0]), int(item_range[1]))
+    except InputError as e:
+        raise ProviderError(f"item_range {tuple(item_range)} for {routine}: {e.message}") from None
+    out["src_indices"] = np.asarray(out["src_indices"], dtype=np.int64)
+    out["dst_indices"] = np.asarray(out["dst_indices"], dtype=np.int64)
     return out
 
 

@@ -546,3 +546,39 @@ def check_bounds(extents: Extents, src_nbytes: int, dst_nbytes: int) -> list[Out
                 out.append(OutOfBounds(side, int(k), int(extents.item[k]), int(off),
                                        int(extents.length[k]), int(nout[k]), int(first[k])))
     return out
+
+
+def item_bounds(routine: str, args: Mapping) -> np.ndarray:
+    """Index position where each item of a copy starts, plus the end: item ``i``
+    covers ``src_indices[b[i]:b[i+1]]``.  Items are what the simulator counts: an
+    index pair, a 64-token page (``dsa_indexer_per_layer``) or a run of
+    consecutive indices (``direct_per_layer``)."""
+    if routine not in ROUTINES:
+        raise InputError("routine", f"expected one of {sorted(ROUTINES)}, got {routine!r}")
+    s = np.asarray(args["src_indices"], dtype=np.int64).reshape(-1)
+    d = np.asarray(args["dst_indices"], dtype=np.int64).reshape(-1)
+    n = s.size
+    if routine == "dsa_indexer_per_layer":
+        return np.arange(0, n + 1, int(args.get("page_size", DSA_PAGE_SIZE)), dtype=np.int64)
+    if routine == "direct_per_layer":
+        brk = np.ones(n, dtype=bool)
+        if n > 1:
+            brk[1:] = ~((np.diff(s) == 1) & (np.diff(d) == 1))
+        return np.append(np.flatnonzero(brk), n).astype(np.int64)
+    return np.arange(n + 1, dtype=np.int64)
+
+
+def slice_items(routine: str, args: Mapping, a: int, b: int) -> dict:
+    """Arguments of the same routine that copy items ``a..b-1`` only (the
+    sub-launch SGLang would make with the sliced index arrays)."""
+    bounds = item_bounds(routine, args)
+    n = bounds.size - 1
+    if not 0 <= a <= b <= n:
+        raise InputError("item_range", f"expected 0 <= a <= b <= {n} (the copy has {n} items), got ({a}, {b})")
+    lo, hi = int(bounds[a]), int(bounds[b])
+    out = dict(args)
+    out["src_indices"] = list(np.asarray(args["src_indices"], dtype=np.int64).reshape(-1)[lo:hi].tolist())
+    out["dst_indices"] = list(np.asarray(args["dst_indices"], dtype=np.int64).reshape(-1)[lo:hi].tolist())
+    if routine == "direct_per_layer" and (a, b) != (0, n):
+        out["page_size"] = 1      # a cut at a run boundary need not be page-aligned; the runs are unchanged
+    return out
