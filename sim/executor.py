@@ -233,7 +233,6 @@ class Executor:
                          self.access_seq, self.torn)
 
     def _host(self, queues, done):
-        last_on_stream: dict[str, int] = {}
         for op in self.s.ops:
             if op.op == "host_delay":
                 t0 = self.env.now
@@ -242,18 +241,11 @@ class Executor:
                 done[op.index].succeed()
             elif op.op == "host_sync":
                 t0 = self.env.now
-                if op.bound_record is not None:
-                    targets = [op.bound_record]
-                elif op.sync_stream is not None:
-                    targets = [last_on_stream[op.sync_stream]] if op.sync_stream in last_on_stream else []
-                else:
-                    targets = list(last_on_stream.values())
-                if targets:
-                    yield self.env.all_of([done[i] for i in targets])
+                if op.sync_targets:
+                    yield self.env.all_of([done[i] for i in op.sync_targets])
                 self.timings[op.id] = (t0, self.env.now)
                 done[op.index].succeed()
             else:
-                last_on_stream[op.stream] = op.index
                 queues[op.stream].put(op)
 
     def _stream(self, queue, done):

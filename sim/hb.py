@@ -51,13 +51,7 @@ class HappensBefore:
                 self.pos[i] = count[si]
                 last[op.stream] = i
             elif op.op == "host_sync":
-                if op.bound_record is not None:
-                    targets = [op.bound_record]
-                elif op.sync_stream is not None:
-                    targets = [last[op.sync_stream]] if op.sync_stream in last else []
-                else:
-                    targets = list(last.values())
-                for t in targets:
+                for t in op.sync_targets:
                     host = np.maximum(host, self.clock[t])
                 self.clock[i] = host
             else:  # host_delay orders nothing
@@ -88,13 +82,7 @@ def hb_graph(schedule: Schedule) -> nx.DiGraph:
                 g.add_edge(last_sync, op.index, why="issued after host_sync")
             last[op.stream] = op.index
         elif op.op == "host_sync":
-            if op.bound_record is not None:
-                targets = [op.bound_record]
-            elif op.sync_stream is not None:
-                targets = [last[op.sync_stream]] if op.sync_stream in last else []
-            else:
-                targets = list(last.values())
-            for t in targets:
+            for t in op.sync_targets:
                 g.add_edge(t, op.index, why="host_sync target")
             if last_sync is not None:
                 g.add_edge(last_sync, op.index, why="host order")

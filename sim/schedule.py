@@ -99,6 +99,7 @@ class Op:
     event: str | None = None
     bound_record: int | None = None     # wait/host_sync(event): index of the record op it binds to
     sync_stream: str | None = None      # host_sync(stream)
+    sync_targets: tuple[int, ...] = ()  # host_sync: indices of the ops it waits for
     raw: dict = field(default_factory=dict)
 
 
@@ -291,6 +292,7 @@ def validate(doc: Any) -> Schedule:
     ops: list[Op] = []
     ids: set[str] = set()
     last_record: dict[str, int] = {}
+    last_on_stream: dict[str, int] = {}
     for i, d in enumerate(_get(doc, "ops", "", list)):
         w = f"ops[{i}]"
         require(isinstance(d, dict), w, f"expected an object, got {d!r}")
@@ -348,6 +350,14 @@ def validate(doc: Any) -> Schedule:
                 op.bound_record = last_record[op.event]
             elif "stream" in d:
                 op.sync_stream = _name(d, "stream", w, streams, "stream")
+            if op.bound_record is not None:
+                op.sync_targets = (op.bound_record,)
+            elif op.sync_stream is not None:
+                op.sync_targets = tuple(last_on_stream[n] for n in (op.sync_stream,) if n in last_on_stream)
+            else:
+                op.sync_targets = tuple(last_on_stream.values())
+        if op.stream is not None:
+            last_on_stream[op.stream] = i
         ops.append(op)
     return Schedule(name, description, buffers, streams, tuple(events), ops, doc)
 
