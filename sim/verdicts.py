@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.bytes.describe import describe
 from sim.executor import RunResult, run_reference
-from sim.hb import HappensBefore, latent_races
+from sim.hb import HappensBefore, accesses, latent_races
 from sim.memory import Memory
 
 MAX_DESCRIBE = 16
@@ -173,6 +173,13 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
                            "sha256": hashlib.sha256(run.memory.final_bytes(name).tobytes()).hexdigest()}
                     for name, spec in s.buffers.items()},
         "timings_us": {k: [round(a, 4), round(b, 4)] for k, (a, b) in run.timings.items()},
+        "accesses": [{"op": s.ops[acc.op].id, "stream": s.ops[acc.op].stream, "buffer": acc.buffer,
+                      "access": "write" if acc.write else "read", "ranges": int(acc.starts.size),
+                      "bytes": int((acc.ends - acc.starts).sum()),
+                      "first_range": [int(acc.starts[0]), int(acc.ends[0])] if acc.starts.size else None,
+                      "start_us": round(run.timings.get(s.ops[acc.op].id, (0.0, 0.0))[0], 4),
+                      "end_us": round(run.timings.get(s.ops[acc.op].id, (0.0, 0.0))[1], 4)}
+                     for acc in accesses(s)],
         "tie_orders": [[round(t, 4), ids] for t, ids in run.tie_orders],
         "end_us": round(run.end_us, 4),
     }
