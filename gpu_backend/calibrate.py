@@ -431,10 +431,17 @@ def fit_profile(meas: Mapping, link_provider: str = "builtin") -> tuple[dict, di
     if fits["spin"]["rel_err_median_ge_20us"] is None:
         del fits["spin"]["rel_err_median_ge_20us"], fits["spin"]["rel_err_max_ge_20us"]
 
+    # the simulator's link model has the per-warp rate: take the warp-rate fit when there is one
+    wr = fits.get(f"{link_provider}_{LINK_ROUTINE}_h2d_warp_rate")
+    if wr is not None:
+        wr["what"] = ("the profile's h2d_gbps, warp_gbps, launch_us, item_overhead_us: a round takes "
+                      "item_overhead_us + max(round_bytes / gbps, item_bytes / warp_gbps)")
+        lf = wr
     values = {
         "link": {"h2d_gbps": lf["gbps"], "d2h_gbps": fits["link_d2h"]["gbps"], "launch_us": lf["launch_us"],
                  "memcpy_latency_us": fits["memcpy_h2d"]["latency_us"],
-                 "item_overhead_us": lf["item_overhead_us"], "gpus_per_link": 1},
+                 "item_overhead_us": lf["item_overhead_us"],
+                 "warp_gbps": lf.get("warp_gbps", NO_WARP_LIMIT_GBPS), "gpus_per_link": 1},
         "device": {"sm_count": sm, "resident_warps_per_sm": rw_per_sm, "hbm_gbps": hbm_gbps,
                    "kernel_launch_us": float(launch["tiny_kernel_us"])},
         "compute": {"jitter_frac": jitter},
@@ -447,6 +454,9 @@ def fit_profile(meas: Mapping, link_provider: str = "builtin") -> tuple[dict, di
         missing = set(keys) - set(values[sec])
         assert not missing, f"fit_profile does not produce {sec}.{sorted(missing)}"
     return values, fits
+
+
+NO_WARP_LIMIT_GBPS = 1e6   # written when the measurements cannot fit a per-warp rate (one item size)
 
 
 # =============================================================== TOML writing
@@ -494,11 +504,12 @@ def toml_table(name: str, table: Mapping, comments: Mapping[str, str] | None = N
 
 
 KEY_COMMENTS = {
-    "h2d_gbps": "kernel_per_layer H2D fit ([fit.link_h2d]; memcpy ceiling in [fit.memcpy_h2d])",
+    "h2d_gbps": "kernel_per_layer H2D fit with warp rate ([fit.*_h2d_warp_rate]; memcpy ceiling in [fit.memcpy_h2d])",
+    "warp_gbps": "one warp's own copy rate ([fit.*_h2d_warp_rate])",
     "d2h_gbps": "builtin kernel_per_layer D2H fit ([fit.link_d2h])",
-    "launch_us": "kernel copy: stream ready -> first round starts ([fit.link_h2d])",
+    "launch_us": "kernel copy: stream ready -> first round starts ([fit.*_h2d_warp_rate])",
     "memcpy_latency_us": "intercept of the H2D memcpy fit ([fit.memcpy_h2d])",
-    "item_overhead_us": "per warp round of the kernel copy ([fit.link_h2d])",
+    "item_overhead_us": "per warp round of the kernel copy ([fit.*_h2d_warp_rate])",
     "gpus_per_link": "not measured (one GPU): each H200 has its own x16 link",
     "sm_count": "torch.cuda.get_device_properties",
     "resident_warps_per_sm": "occupancy of the builtin warp-per-item kernel at 1024 threads",
@@ -534,7 +545,8 @@ def build_profile(meas: Mapping, info: Mapping, *, name: str, date: str | None =
     """``(TOML text, values, fits)``; the text loads with ``sim.profile.load_profile``."""
     date = date or datetime.date.today().isoformat()
     values, fits = fit_profile(meas, link_provider)
-    lf, mh = fits["link_h2d"], fits["memcpy_h2d"]
+    lf = fits.get(f"{link_provider}_{LINK_ROUTINE}_h2d_warp_rate", fits["link_h2d"])
+    mh = fits["memcpy_h2d"]
     source = (f"kvrace calibrate ({level}) on {info.get('gpu', 'a GPU')}, {date}: CUDA-event medians "
               f"behind a spin kernel; link = NNLS fit of sim.transfers.timing to {link_provider} "
               f"{LINK_ROUTINE} H2D copies ({lf['samples']} shapes, median rel. error "

@@ -36,7 +36,7 @@ from sim.memory import Clipped, Memory, clip_extents, oob_origin
 from sim.profile import Profile
 from sim.schedule import Schedule
 from sim.transfers.routines import check_bounds
-from sim.transfers.timing import LinkTiming, bytes_done, item_times
+from sim.transfers.timing import bytes_done, item_times
 
 
 @dataclass
@@ -177,11 +177,7 @@ class Executor:
             key, gbps = None, self.p.hbm_gbps / 2   # HBM counts read + write
         if key is not None and key not in self._links:
             self._links[key] = simpy.Resource(self.env, capacity=1)
-        timing = LinkTiming(gbps=gbps, launch_us=self.p.launch_us,
-                            item_overhead_us=self.p.item_overhead_us,
-                            memcpy_latency_us=self.p.memcpy_latency_us,
-                            resident_warps=self.p.resident_warps)
-        return (self._links[key] if key is not None else None), timing
+        return (self._links[key] if key is not None else None), self.p.link_timing(gbps)
 
     def _gate(self, op):
         """Wait for every op ready at this instant, then go in the tie-break order."""

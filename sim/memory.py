@@ -5,8 +5,12 @@ a materialised one (real bytes); every operation is applied to both, so they
 stay equal (the differential tests check the byte models themselves).
 
 Initial contents: unit ``u`` of layer ``L`` of a buffer holds unit ``u`` of
-origin ``(kind, L, owner=-1, version=0)`` ("the previous owner's bytes"), and a
-buffer's ``init`` fills replace chosen units by a request's data.
+origin ``(kind, L, owner=-1, version=0)`` ("the previous owner's bytes") where
+a layer's units are contiguous (device pools, ``layer_first`` host pools); a
+host pool that interleaves layers (``page_first``, ``page_first_direct``)
+starts as one origin ``(kind, layer=-1, owner=-1, v0)`` whose unit is one
+(index, layer) row in address order, so its initial state is one segment at
+any size.  A buffer's ``init`` fills replace chosen units by a request's data.
 
 Copies are given as clipped extents (see :func:`clip_extents`): the part of an
 extent that would write past the destination's end is dropped (and reported as
@@ -26,9 +30,11 @@ import numpy as np
 from sim.bytes.compact import CompactBuffer, OriginTable
 from sim.bytes.material import MaterialBuffer
 from sim.bytes.pattern import Origin
+from sim.errors import InputError
 
 ARENA_ALIGN = 512
 OOB_UNIT_BYTES = 4096
+MATERIALISE_LIMIT_BYTES = 8 << 30    # real bytes for all buffers together; beyond: compact only
 
 
 def oob_origin(src_name: str) -> Origin:
@@ -65,6 +71,12 @@ def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
 
 class Memory:
     def __init__(self, buffers: dict, *, materialise: bool = True, table: OriginTable | None = None):
+        total = sum(spec.nbytes for spec in buffers.values())
+        if materialise and total > MATERIALISE_LIMIT_BYTES:
+            big = max(buffers.values(), key=lambda b: b.nbytes)
+            raise InputError("buffers", f"the materialised model would hold {total / 2**30:.1f} GiB "
+                             f"(largest: {big.name}, {big.nbytes / 2**30:.1f} GiB); expected at most "
+                             f"{MATERIALISE_LIMIT_BYTES >> 30} GiB: run with --compact-only (materialise=False)")
         self.specs = buffers
         self.table = table or OriginTable()
         self.compact: dict[str, CompactBuffer] = {}
@@ -76,16 +88,18 @@ class Memory:
     # ---------------------------------------------------------------- setup
     def _init_buffer(self, name, spec):
         lay = spec.layout
-        first = Origin(spec.kind, 0, -1, 0, lay.unit_bytes)
+        ub = lay.unit_bytes
+        probe = np.asarray(lay.unit_offsets(0, np.array([0, lay.units - 1])), dtype=np.int64)
+        per_layer = lay.units == 1 or int(probe[1] - probe[0]) == (lay.units - 1) * ub
+        first = Origin(spec.kind, 0 if per_layer else -1, -1, 0, ub)
         models = [CompactBuffer(spec.nbytes, self.table, first)]
         if self.material is not None:
             models.append(MaterialBuffer(spec.nbytes, self.table, first))
-        idx = np.arange(lay.units, dtype=np.int64)
-        for layer in range(lay.layers):
-            origin = Origin(spec.kind, layer, -1, 0, lay.unit_bytes)
-            dst = np.asarray(lay.unit_offsets(layer, idx), dtype=np.int64)
-            for m in models:
-                m.fill(dst, np.full(idx.size, lay.unit_bytes, np.int64), origin, idx * lay.unit_bytes)
+        if per_layer:
+            for layer in range(1, lay.layers):
+                base = np.asarray(lay.unit_offsets(layer, np.array([0])), dtype=np.int64)
+                for m in models:
+                    m.fill(base, np.array([lay.units * ub]), Origin(spec.kind, layer, -1, 0, ub), np.array([0]))
         for f in spec.init:
             for layer in f.layers:
                 origin = Origin(spec.kind, layer, f.owner, f.version, lay.unit_bytes)

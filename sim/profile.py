@@ -20,7 +20,7 @@ from sim.errors import InputError, require
 
 _SCHEMA = {
     "link": {"h2d_gbps": float, "d2h_gbps": float, "launch_us": float, "memcpy_latency_us": float,
-             "item_overhead_us": float, "gpus_per_link": int},
+             "item_overhead_us": float, "warp_gbps": float, "gpus_per_link": int},
     "device": {"sm_count": int, "resident_warps_per_sm": int, "hbm_gbps": float,
                "kernel_launch_us": float},
     "compute": {"jitter_frac": float},
@@ -38,6 +38,7 @@ class Profile:
     launch_us: float
     memcpy_latency_us: float
     item_overhead_us: float
+    warp_gbps: float
     gpus_per_link: int
     sm_count: int
     resident_warps_per_sm: int
@@ -48,6 +49,14 @@ class Profile:
     @property
     def resident_warps(self) -> int:
         return self.sm_count * self.resident_warps_per_sm
+
+    def link_timing(self, gbps: float):
+        """The timing parameters of a copy on a path of ``gbps`` (see sim.transfers.timing)."""
+        from sim.transfers.timing import LinkTiming
+
+        return LinkTiming(gbps=gbps, launch_us=self.launch_us, item_overhead_us=self.item_overhead_us,
+                          memcpy_latency_us=self.memcpy_latency_us, resident_warps=self.resident_warps,
+                          warp_gbps=self.warp_gbps)
 
 
 def shipped_profiles() -> list[str]:

@@ -44,6 +44,7 @@ from sim.pools.layouts import layout_from_json, layout_to_json
 from sim.transfers.routines import ROUTINES, plan as plan_copy
 
 SCHEMA_VERSION = 1
+MAX_INDICES = 1 << 24          # one index list: 16 Mi entries (a 1M-token context is 2**20)
 OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay")
 STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
 
@@ -167,10 +168,12 @@ def _int_list(v, where: str) -> np.ndarray:
         start = _get(v, "start", where, int)
         count = _get(v, "count", where, int)
         step = _get(v, "step", where, int, default=1)
-        require(count >= 0, f"{where}.count", f"expected >= 0, got {count}")
+        require(0 <= count <= MAX_INDICES, f"{where}.count", f"expected 0..{MAX_INDICES}, got {count}")
         return start + step * np.arange(count, dtype=np.int64)
     if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
         raise InputError(where, f"expected a list of integers or {{start, count}}, got {str(v)[:80]}")
+    if any(not -(1 << 63) <= x < (1 << 63) for x in v):
+        raise InputError(where, "expected int64 values")
     return np.asarray(v, dtype=np.int64)
 
 

@@ -9,11 +9,12 @@ H200 = load_profile("h200")
 
 
 def profile(**overrides):
-    """The h200 profile without jitter (exact times), with overrides."""
+    """The h200 profile without jitter and without a per-warp rate limit (exact, simple
+    times), with overrides."""
     doc = {"name": "test", "calibrated": False, "source": "tests", "date": "2026-11",
            "link": {"h2d_gbps": H200.h2d_gbps, "d2h_gbps": H200.d2h_gbps, "launch_us": H200.launch_us,
                     "memcpy_latency_us": H200.memcpy_latency_us, "item_overhead_us": H200.item_overhead_us,
-                    "gpus_per_link": 1},
+                    "warp_gbps": 1e9, "gpus_per_link": 1},
            "device": {"sm_count": H200.sm_count, "resident_warps_per_sm": H200.resident_warps_per_sm,
                       "hbm_gbps": H200.hbm_gbps, "kernel_launch_us": H200.kernel_launch_us},
            "compute": {"jitter_frac": 0.0}}

@@ -144,9 +144,12 @@ def test_fit_profile_produces_every_schema_key_from_the_right_fit():
     for sec, keys in _SCHEMA.items():
         assert set(keys) <= set(values[sec])
     link = values["link"]
-    assert link["h2d_gbps"] == pytest.approx(TRUE["gbps"], rel=1e-6)
-    assert link["launch_us"] == pytest.approx(TRUE["launch_us"], rel=1e-6)
-    assert link["item_overhead_us"] == pytest.approx(TRUE["item_overhead_us"], rel=1e-6)
+    # the link comes from the warp-rate fit (a grid search: 0.4 % steps, refined)
+    assert link["h2d_gbps"] == pytest.approx(TRUE["gbps"], rel=1e-3)
+    assert link["launch_us"] == pytest.approx(TRUE["launch_us"], rel=1e-3)
+    assert link["item_overhead_us"] == pytest.approx(TRUE["item_overhead_us"], rel=1e-3)
+    # these data have no per-warp limit: the fitted warp rate never binds below the link rate
+    assert link["warp_gbps"] >= 0.99 * link["h2d_gbps"]
     assert link["d2h_gbps"] == pytest.approx(TRUE["d2h_gbps"], rel=1e-6)
     assert link["memcpy_latency_us"] == pytest.approx(TRUE["memcpy_lat"], rel=1e-6)
     assert values["device"] == {"sm_count": 132, "resident_warps_per_sm": 64,
@@ -166,7 +169,7 @@ def test_written_profile_loads_and_keeps_the_raw_data(tmp_path):
     prof = load_profile(str(path))
     assert prof.name == "test-calibrated" and prof.calibrated is True and prof.date == "2026-11-29"
     assert "builtin kernel_per_layer" in prof.source and "NVIDIA Test GPU" in prof.source
-    assert prof.h2d_gbps == pytest.approx(TRUE["gbps"], rel=1e-5)
+    assert prof.h2d_gbps == pytest.approx(TRUE["gbps"], rel=1e-3)   # warp-rate grid fit
     assert prof.resident_warps == 132 * 64
     doc = tomllib.loads(text)
     for sec, keys in _SCHEMA.items():
@@ -304,8 +307,8 @@ def test_link_can_come_from_the_sglang_kernels(tmp_path):
                                                  item_overhead_us=0.3, resident_warps=132 * 64)
                              for n, b in zip(kh["n_items"][-32:], kh["item_bytes"][-32:])]
     values, fits = cal.fit_profile(meas, "sglang")
-    assert values["link"]["h2d_gbps"] == pytest.approx(3 * TRUE["gbps"], rel=1e-6)
-    assert values["link"]["launch_us"] == pytest.approx(2.0, rel=1e-6)
+    assert values["link"]["h2d_gbps"] == pytest.approx(3 * TRUE["gbps"], rel=1e-3)   # warp-rate grid fit
+    assert values["link"]["launch_us"] == pytest.approx(2.0, rel=1e-3)
     assert fits["builtin_kernel_per_layer_h2d"]["gbps"] == pytest.approx(TRUE["gbps"], rel=1e-6)
     assert "sglang_kernel_per_layer_h2d_warp_rate" in fits and fits["link_h2d"]["provider"] == "sglang"
     path = tmp_path / "b.toml"
@@ -313,7 +316,7 @@ def test_link_can_come_from_the_sglang_kernels(tmp_path):
     out = tmp_path / "s.toml"
     assert cal.main(["--refit", str(path), "--out", str(out), "--link-provider", "sglang", "--name", "s"]) == 0
     prof = load_profile(str(out))
-    assert prof.name == "s" and prof.h2d_gbps == pytest.approx(3 * TRUE["gbps"], rel=1e-5)
+    assert prof.name == "s" and prof.h2d_gbps == pytest.approx(3 * TRUE["gbps"], rel=1e-3)
     assert "to sglang kernel_per_layer" in prof.source
     with pytest.raises(ValueError, match="expected at least 3"):
         cal.fit_profile(synthetic_measurements(), "sglang")

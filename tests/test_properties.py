@@ -1,6 +1,8 @@
 """Hypothesis properties of the simulator (DESIGN.md, 'Time, streams and events')."""
 import copy
 
+import pytest
+
 import networkx as nx
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -123,4 +125,23 @@ def test_invalid_schedules_raise_named_input_errors_never_tracebacks(doc):
         assert e.where or e.message
         assert str(e)
         return
-    run_schedule(s, profile())    # a damage that left a valid schedule must still run
+    # a damage that left a valid schedule must still run (compact model: a damaged size may be huge)
+    run_schedule(s, profile(), materialise=False)
+
+
+# Deeper exploration of the same properties (minutes): pytest -m slow
+DEEP = settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.slow
+@DEEP
+@given(st.one_of(schedules(max_ops=24), schedules(max_ops=24, synchronised=True)), st.data())
+def test_deep_race_free_schedules_are_timing_independent(doc, data):
+    test_race_free_schedules_read_the_same_bytes_under_any_timing_and_order.hypothesis.inner_test(doc, data)
+
+
+@pytest.mark.slow
+@DEEP
+@given(broken())
+def test_deep_invalid_schedules_never_traceback(doc):
+    test_invalid_schedules_raise_named_input_errors_never_tracebacks.hypothesis.inner_test(doc)

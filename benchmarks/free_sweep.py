@@ -1,0 +1,252 @@
+"""Free replay of the minimal race over index-K row sizes and load sizes: measured vs predicted.
+
+The schedule family (made here, one per point): HiCache loads one layer of index-K for ``tokens``
+tokens from the pinned host pool (request 12's rows, host units 0..tokens-1) into device slots
+``tokens..2*tokens-1`` (which hold the previous owner's rows) on the ``load`` stream, with the
+token-row kernel copy (``kernel_per_layer``, one item per token); the ``forward`` stream runs a
+``compute`` op of ``compute_us`` and then reads the loaded rows WITHOUT waiting for the load's
+event.  Row sizes: 64, 128, 136 (the 132 B DSA index-K row rounded up to a multiple of 8, which
+the warp copy needs), 256, 512 and 1024 B per token; loads of 64, 256, 1,024 and 4,096 tokens.
+
+For every point: the measured stale fraction over ``--trials`` free replays on the GPU (95 %
+Wilson interval; every observed word must be plausible), and the simulator's predicted stale
+fraction with the same profile: the fraction of ``--sim-seeds`` seeded runs (compute jitter,
+seeded ties) whose read is stale.  Simulator runs go first, on a process pool, before CUDA starts.
+
+    python3 benchmarks/free_sweep.py --out DIR [--profile PATH] [--trials N] [--provider builtin]
+    python3 benchmarks/free_sweep.py --out DIR --plot-only DIR/free_sweep.csv
+
+Writes DIR/free_sweep.csv and DIR/free_sweep.png (matplotlib; measured and predicted side by
+side, log-x over the bytes loaded).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+BYTES_PER_TOKEN = (64, 128, 136, 256, 512, 1024)
+TOKENS = (64, 256, 1024, 4096)
+COMPUTE_US = (3.0, 10.0, 30.0)
+FIELDS = ["compute_us", "bytes_per_token", "tokens", "load_bytes", "provider", "device", "trials",
+          "stale_trials", "measured_stale", "measured_lo", "measured_hi", "implausible_words",
+          "sim_seeds", "sim_stale_runs", "predicted_stale", "predicted_lo", "predicted_hi",
+          "gpu_copy_start_us", "gpu_copy_end_us", "gpu_read_start_us", "sim_copy_end_us", "sim_read_us"]
+
+
+def sweep_doc(bytes_per_token: int, tokens: int, compute_us: float) -> dict:
+    """The minimal ungated race at one point of the sweep (a kvrace schedule document)."""
+    return {
+        "kvrace_schedule": 1,
+        "name": f"free_sweep_b{bytes_per_token}_t{tokens}_c{compute_us:g}",
+        "description": (f"Ungated read of {tokens} index-K rows of {bytes_per_token} B after a "
+                        f"{compute_us:g} us compute op, racing their host-to-device load."),
+        "buffers": [
+            {"name": "host_index_k", "location": "host", "kind": "index_k",
+             "layout": {"kind": "host", "layout": "layer_first", "layers": 1, "units": tokens,
+                        "unit_bytes": bytes_per_token},
+             "init": [{"layers": "all", "indices": {"start": 0, "count": tokens}, "owner": 12, "version": 1}]},
+            {"name": "dev_index_k", "location": "device", "kind": "index_k",
+             "layout": {"kind": "paged", "layers": 1, "pages": 2 * tokens, "page_bytes": bytes_per_token}},
+        ],
+        "streams": ["forward", "load"],
+        "events": ["start_loading", "layer0_loaded"],
+        "ops": [
+            {"id": "start_event", "op": "record", "stream": "forward", "event": "start_loading"},
+            {"id": "load_waits_forward", "op": "wait", "stream": "load", "event": "start_loading"},
+            {"id": "load_index_k_L0", "op": "copy", "stream": "load", "routine": "kernel_per_layer",
+             "src": "host_index_k", "dst": "dev_index_k",
+             "args": {"layer": 0, "src_indices": {"start": 0, "count": tokens},
+                      "dst_indices": {"start": tokens, "count": tokens}}},
+            {"id": "complete_L0", "op": "record", "stream": "load", "event": "layer0_loaded"},
+            {"id": "indexer_q_proj", "op": "compute", "stream": "forward", "duration_us": compute_us},
+            {"id": "indexer_read_index_k_L0", "op": "read", "stream": "forward", "buffer": "dev_index_k",
+             "layer": 0, "units": {"start": tokens, "count": tokens}},
+        ],
+    }
+
+
+def _predict(job):
+    """Simulator side of one point (runs in a worker process)."""
+    from gpu_backend.compare import wilson_interval
+    from gpu_backend.replay import simulate_stale
+    from sim.executor import run_schedule
+    from sim.profile import load_profile
+    from sim.schedule import validate
+
+    key, profile_name, seeds = job
+    b, t, c = key
+    prof = load_profile(profile_name)
+    s = validate(sweep_doc(b, t, c))
+    per_read, _ = simulate_stale(s, prof, seeds=seeds, seed=0)
+    k = per_read["indexer_read_index_k_L0"]
+    lo, hi = wilson_interval(k, seeds)
+    run = run_schedule(s, prof, seed=0, materialise=False)
+    return key, {"sim_seeds": seeds, "sim_stale_runs": k, "predicted_stale": k / seeds,
+                 "predicted_lo": lo, "predicted_hi": hi,
+                 "sim_copy_end_us": float(run.item_end_us["load_index_k_L0"][-1]),
+                 "sim_read_us": float(run.access_us["indexer_read_index_k_L0"])}
+
+
+def predict_all(points, profile_name: str, seeds: int, workers: int) -> dict:
+    jobs = [(p, profile_name, seeds) for p in points]
+    if workers <= 1:
+        return dict(map(_predict, jobs))
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")      # before CUDA is initialised in this process
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return dict(pool.map(_predict, jobs))
+
+
+def measure(point, provider, profile_name: str, trials: int) -> dict:
+    from gpu_backend.replay import replay
+    from gpu_backend.runner import GpuSchedule
+    from sim.schedule import validate
+
+    b, t, c = point
+    s = validate(sweep_doc(b, t, c))
+    made = {}
+
+    def make_runner(schedule, prov, *, guard_bytes=None):
+        made["runner"] = GpuSchedule(schedule, prov, guard_bytes=guard_bytes)
+        return made["runner"]
+
+    rep = replay(s, provider, "free", profile=profile_name, trials=trials, sim_seeds=0, make_runner=make_runner)
+    timed = made["runner"].run(timings=True, final=False, guards=False)
+    r = rep["reads"][0]
+    cs, ce = timed.timings_us["load_index_k_L0"]
+    rs, _ = timed.timings_us["indexer_read_index_k_L0"]
+    return {"provider": rep["provider"], "device": rep["device"], "trials": trials,
+            "stale_trials": r["stale_trials"], "measured_stale": r["stale_fraction"],
+            "measured_lo": r["stale_ci95"][0], "measured_hi": r["stale_ci95"][1],
+            "implausible_words": r["implausible_words"],
+            "gpu_copy_start_us": cs, "gpu_copy_end_us": ce, "gpu_read_start_us": rs}
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: (f"{row[k]:.6g}" if isinstance(row.get(k), float) else row.get(k, "")) for k in FIELDS})
+
+
+def read_csv(path: str) -> list[dict]:
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for k, v in row.items():
+            if k in ("provider", "device") or v == "":
+                continue
+            row[k] = float(v)
+    return rows
+
+
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    computes = sorted({float(r["compute_us"]) for r in rows})
+    sizes = sorted({int(r["bytes_per_token"]) for r in rows})
+    fig, axes = plt.subplots(len(computes), 2, figsize=(12, 4.2 * len(computes)), squeeze=False,
+                             sharex=True, sharey=True)
+    cmap = plt.get_cmap("viridis")
+    for i, c in enumerate(computes):
+        for j, (what, lo, hi, title) in enumerate((
+                ("measured_stale", "measured_lo", "measured_hi", "measured on the GPU"),
+                ("predicted_stale", "predicted_lo", "predicted_hi", "predicted by the simulator"))):
+            ax = axes[i][j]
+            for k, b in enumerate(sizes):
+                pts = sorted((r for r in rows if float(r["compute_us"]) == c and int(r["bytes_per_token"]) == b),
+                             key=lambda r: r["load_bytes"])
+                if not pts:
+                    continue
+                x = [p["load_bytes"] for p in pts]
+                y = [p[what] for p in pts]
+                err = [[max(0.0, p[what] - p[lo]) for p in pts], [max(0.0, p[hi] - p[what]) for p in pts]]
+                ax.errorbar(x, y, yerr=err, marker="o", ms=4, capsize=3,
+                            color=cmap(k / max(1, len(sizes) - 1)), label=f"{b} B/token")
+            ax.set_xscale("log")
+            ax.set_ylim(-0.05, 1.05)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.set_title(f"{title}: compute {c:g} us before the ungated read")
+            if i == len(computes) - 1:
+                ax.set_xlabel("bytes loaded (tokens x bytes per token)")
+            if j == 0:
+                ax.set_ylabel("stale fraction (95 % interval)")
+    axes[0][0].legend(fontsize=8, loc="best")
+    dev = rows[0].get("device", "") if rows else ""
+    prov = rows[0].get("provider", "") if rows else ""
+    fig.suptitle(f"Free replay of the ungated index-K read: {dev}, provider {prov}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output folder (free_sweep.csv, free_sweep.png)")
+    ap.add_argument("--profile", default="h200", help="hardware profile for the prediction (name or TOML path)")
+    ap.add_argument("--trials", type=int, default=100, help="free replays per point (default 100)")
+    ap.add_argument("--sim-seeds", type=int, default=40, help="simulator runs per point (default 40)")
+    ap.add_argument("--provider", default="builtin", choices=["builtin", "torch", "sglang"])
+    ap.add_argument("--bytes", default=",".join(map(str, BYTES_PER_TOKEN)), help="bytes per token, comma-separated")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)), help="tokens loaded, comma-separated")
+    ap.add_argument("--compute-us", default=",".join(f"{c:g}" for c in COMPUTE_US),
+                    help="compute op before the read, microseconds, comma-separated")
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--plot-only", metavar="CSV", help="only draw the PNG from an existing CSV")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    png = os.path.join(args.out, "free_sweep.png")
+    if args.plot_only:
+        plot(read_csv(args.plot_only), png)
+        print(f"wrote {png}")
+        return 0
+
+    points = [(int(b), int(t), float(c)) for c in args.compute_us.split(",") for b in args.bytes.split(",")
+              for t in args.tokens.split(",")]
+    t0 = time.perf_counter()
+    predicted = predict_all(points, args.profile, args.sim_seeds, args.workers)
+    print(f"simulator: {len(points)} points x {args.sim_seeds} seeds in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    from gpu_backend.providers import get_provider
+
+    provider = get_provider(args.provider)        # one instance: its kernels are built once
+    rows = []
+    for p in points:
+        t1 = time.perf_counter()
+        m = measure(p, provider, args.profile, args.trials)
+        row = {"compute_us": p[2], "bytes_per_token": p[0], "tokens": p[1], "load_bytes": p[0] * p[1],
+               **m, **predicted[p]}
+        rows.append(row)
+        print(f"compute {p[2]:g} us, {p[0]:5d} B x {p[1]:5d} tokens: measured {row['measured_stale']:.3f} "
+              f"[{row['measured_lo']:.3f}, {row['measured_hi']:.3f}]  predicted {row['predicted_stale']:.3f}  "
+              f"implausible {row['implausible_words']}  (GPU copy {row['gpu_copy_start_us']:.1f}-"
+              f"{row['gpu_copy_end_us']:.1f} us, read at {row['gpu_read_start_us']:.1f} us; simulated copy end "
+              f"{row['sim_copy_end_us']:.1f} us, read {row['sim_read_us']:.1f} us)  {time.perf_counter() - t1:.1f} s",
+              flush=True)
+    csv_path = os.path.join(args.out, "free_sweep.csv")
+    write_csv(csv_path, rows)
+    print(f"wrote {csv_path}")
+    try:
+        plot(rows, png)
+        print(f"wrote {png}")
+    except ImportError as e:
+        print(f"no plot ({e}); run again with --plot-only {csv_path} where matplotlib is installed")
+    print(f"total {time.perf_counter() - t0:.1f} s; implausible words {sum(r['implausible_words'] for r in rows)}")
+    return 0 if all(r["implausible_words"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
