@@ -52,6 +52,7 @@ from gpu_backend.providers.base import ProviderError
 from sim.bytes.pattern import Origin, pattern_bytes
 from sim.memory import Memory
 from sim.schedule import Schedule
+from sim.snapshot import Snapshot, digest
 
 GATE_TIMEOUT_S = 10.0
 _WORD_DTYPES = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
@@ -176,6 +177,13 @@ class GpuRun:
     guard_bytes: int = 0
     ordinals: dict[str, int] = field(default_factory=dict)   # buffer -> canary ordinal
     gate_open_after_s: float = 0.0               # host time from closing the gate to opening it
+
+    def snapshot(self, schedule: Schedule, source: str) -> Snapshot:
+        """The observed Snapshot (sim.snapshot): compare it with a predicted one by
+        ``sim.snapshot.first_difference``."""
+        return Snapshot(schedule.digest(), source, dict(self.reads),
+                        {name: digest(data) for name, data in self.final.items()},
+                        {k: [float(a), float(b)] for k, (a, b) in self.timings_us.items()})
 
 
 # ---------------------------------------------------------------- spin and gate kernels

@@ -480,3 +480,23 @@ def test_gpu_schedule_reads_and_writes_host_buffers():
     rep = replay(s, "numpy", "controlled", profile=P, make_runner=_cpu_runner)
     assert rep["ok"] and rep["reads_total"] == 2, summary_text(rep)
     assert rep["buffers_matching"] == rep["buffers_total"] == 3
+
+
+def test_gpu_run_gives_an_observed_snapshot_comparable_with_the_prediction():
+    from gpu_backend.runner import GpuRun
+    from sim.executor import run_schedule
+    from sim.schedule import load
+    from sim.snapshot import first_difference, snapshot_of
+    from tests.helpers import profile
+
+    s = load("examples/index_k_gated.json")
+    run = run_schedule(s, profile())
+    predicted = snapshot_of(run)
+    gpu = GpuRun(reads={r.op_id: r.bytes() for r in run.reads},
+                 final={n: run.memory.final_bytes(n) for n in s.buffers}, guards=[])
+    observed = gpu.snapshot(s, "gpu:fake")
+    assert observed.source == "gpu:fake" and first_difference(predicted, observed) is None
+    gpu.reads["indexer_read_index_k_L0"] = gpu.reads["indexer_read_index_k_L0"].copy()
+    gpu.reads["indexer_read_index_k_L0"][100] ^= 1
+    d = first_difference(predicted, gpu.snapshot(s, "gpu:fake"))
+    assert d == {"what": "read bytes", "read": "indexer_read_index_k_L0", "byte": 100, "bytes_differing": 1}
