@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.bytes.pattern import MAX_UNIT_BYTES
 from sim.errors import InputError, require
 from sim.pools.layouts import layout_from_json, layout_to_json
 from sim.transfers.routines import ROUTINES, plan as plan_copy
@@ -203,6 +204,9 @@ def _parse_buffer(d: Any, where: str) -> BufferSpec:
     require(device >= 0, f"{where}.device", f"expected >= 0, got {device}")
     kind = _get(d, "kind", where, str, default=name)
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
+    require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
+            f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
+            "(the pattern bytes' unit limit)")
     is_host = type(layout).__name__ == "HostLayout"
     require(is_host == (location == "host"), f"{where}.layout",
             f"a {location} buffer needs a {'host' if location == 'host' else 'device (paged/preset)'} layout")

@@ -42,20 +42,15 @@ def _describe_view(view, rel_off: int, nbytes: int, max_items=MAX_DESCRIBE) -> l
     return _describe(view.compact, rel_off, nbytes, view.offset, max_items)
 
 
-def _provenance_per_byte(view) -> tuple[np.ndarray, np.ndarray]:
-    """(origin, stream offset) of every byte of a view; origins as a global key."""
+def _provenance_per_byte(view, keys: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(origin key, stream offset) of every byte of a view; ``keys`` numbers the
+    origins (views of different runs have different origin tables)."""
     p = view.compact.pieces(0, view.compact.nbytes)
-    keys = np.array([_origin_key(view.compact.table[int(i)]) for i in p.origin_id], dtype=np.int64)
-    origin = np.repeat(keys, p.length)
+    ids = np.array([keys.setdefault(view.compact.table[int(i)], len(keys)) for i in p.origin_id],
+                   dtype=np.int64)
+    origin = np.repeat(ids, p.length)
     stream = np.repeat(p.stream_offset - p.start, p.length) + np.arange(view.compact.nbytes)
     return origin, stream
-
-
-_ORIGIN_KEYS: dict = {}
-
-
-def _origin_key(origin) -> int:
-    return _ORIGIN_KEYS.setdefault(origin, len(_ORIGIN_KEYS))
 
 
 def differing_bytes(vo, vr) -> np.ndarray:
@@ -63,8 +58,9 @@ def differing_bytes(vo, vr) -> np.ndarray:
 
     Provenance, not byte values, decides: two origins' pattern words share their
     word-index bytes, so equal values can still be someone else's bytes."""
-    oo, so = _provenance_per_byte(vo)
-    orr, sr = _provenance_per_byte(vr)
+    keys: dict = {}
+    oo, so = _provenance_per_byte(vo, keys)
+    orr, sr = _provenance_per_byte(vr, keys)
     return (oo != orr) | (so != sr)
 
 
@@ -75,12 +71,11 @@ def _classify(obs, ref, unit_bytes: int) -> tuple[str, dict | None, int]:
     torn = False
     for vo, vr in zip(obs.views, ref.views):
         diff = differing_bytes(vo, vr)
-        bo = diff
         if not diff.any():
             continue
         differing += int(diff.sum())
         # split the extent at buffer unit boundaries: a unit both right and wrong is torn
-        unit_id = (vo.offset + np.arange(bo.size)) // unit_bytes
+        unit_id = (vo.offset + np.arange(diff.size)) // unit_bytes
         bounds = np.flatnonzero(np.diff(unit_id)) + 1
         for part in np.split(diff, bounds):
             if part.any() and not part.all():
