@@ -24,7 +24,6 @@ schedule cannot be replayed: a ReplayError or a routine the provider does not su
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 
@@ -275,6 +274,7 @@ def summary_text(rep: dict) -> str:
 
 def cli_replay(args, *, make_runner=None) -> int:
     """``kvrace replay FILE --provider P --mode M [--trials N] [--profile X] [--seed S] [--json PATH|-]``."""
+    from sim.cli import emit
     from sim.schedule import load
 
     s = load(args.file)
@@ -287,15 +287,7 @@ def cli_replay(args, *, make_runner=None) -> int:
     except ProviderError as e:
         print(f"kvrace: error: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        text = json.dumps(rep, indent=1, default=_json_default)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    if args.json != "-":
-        print(summary_text(rep))
+    emit(rep, args.json, summary_text, default=_json_default)
     return 0 if rep["ok"] else 1
 
 

@@ -34,16 +34,22 @@ def _schedule_run(args) -> int:
         from sim.snapshot import snapshot_of
 
         snapshot_of(run).dump(args.snapshot)
-    if args.json:
-        text = json.dumps(rep, indent=1)
-        if args.json == "-":
-            print(text)
-        else:
-            with open(args.json, "w") as f:
-                f.write(text + "\n")
-    if args.json != "-":
-        print(summary_text(rep))
+    emit(rep, args.json, summary_text)
     return 0
+
+
+def emit(rep: dict, json_path: str | None, text, default=None) -> None:
+    """Write a report: JSON to ``json_path`` ('-' = stdout only) and the human text
+    to stdout unless the JSON went there."""
+    if json_path:
+        doc = json.dumps(rep, indent=1, default=default)
+        if json_path == "-":
+            print(doc)
+        else:
+            with open(json_path, "w") as f:
+                f.write(doc + "\n")
+    if json_path != "-":
+        print(text(rep))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,6 +49,17 @@ class Provider(Protocol):
         and ``ptr``)."""
 
 
+def torch_cuda_status() -> tuple[bool, str]:
+    """Whether torch imports and sees a CUDA device (every provider needs both)."""
+    try:
+        import torch
+    except ImportError as e:
+        return False, f"torch is not importable ({e}); expected torch with CUDA"
+    if not torch.cuda.is_available():
+        return False, "torch sees no CUDA device (torch.cuda.is_available() is False)"
+    return True, ""
+
+
 def check_routine(routine: str) -> None:
     if routine not in ROUTINE_NAMES:
         raise ProviderError(f"unknown routine {routine!r}; expected one of {list(ROUTINE_NAMES)}")

@@ -100,17 +100,11 @@ class BuiltinProvider:
 
     def available(self) -> tuple[bool, str]:
         try:
-            import torch
-        except ImportError as e:
-            return False, f"torch is not importable ({e}); expected torch with CUDA"
-        try:
             _bindings()
         except ImportError as e:
             return False, (f"cuda-python is not importable ({e}); expected the cuda-bindings package "
                            "(pip install cuda-python), which SGLang also requires")
-        if not torch.cuda.is_available():
-            return False, "torch sees no CUDA device (torch.cuda.is_available() is False)"
-        return True, ""
+        return base.torch_cuda_status()
 
     def supports(self, routine: str, src_layout, dst_layout, args: Mapping) -> tuple[bool, str]:
         base.check_routine(routine)

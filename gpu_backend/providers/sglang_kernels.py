@@ -60,12 +60,9 @@ class SGLangProvider:
     name = NAME
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import torch
-        except ImportError as e:
-            return False, f"torch is not importable ({e}); expected torch with CUDA"
-        if not torch.cuda.is_available():
-            return False, "torch sees no CUDA device (torch.cuda.is_available() is False)"
+        ok, why = base.torch_cuda_status()
+        if not ok:
+            return ok, why
         try:
             import tvm_ffi  # noqa: F401
         except ImportError as e:

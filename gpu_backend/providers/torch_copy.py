@@ -81,13 +81,7 @@ class TorchProvider:
     name = NAME
 
     def available(self) -> tuple[bool, str]:
-        try:
-            import torch
-        except ImportError as e:
-            return False, f"torch is not importable ({e}); expected torch with CUDA"
-        if not torch.cuda.is_available():
-            return False, "torch sees no CUDA device (torch.cuda.is_available() is False)"
-        return True, ""
+        return base.torch_cuda_status()
 
     def supports(self, routine: str, src_layout, dst_layout, args: Mapping) -> tuple[bool, str]:
         base.check_routine(routine)
