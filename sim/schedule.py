@@ -45,6 +45,7 @@ from sim.pools.layouts import layout_from_json, layout_to_json
 from sim.transfers.routines import ROUTINES, plan as plan_copy
 
 SCHEMA_VERSION = 1
+MAX_BUFFER_BYTES = 1 << 50     # 1 PiB: beyond any pool, and far inside int64 offsets
 MAX_INDICES = 1 << 24          # one index list: 16 Mi entries (a 1M-token context is 2**20)
 OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay")
 STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
@@ -204,6 +205,8 @@ def _parse_buffer(d: Any, where: str) -> BufferSpec:
     require(device >= 0, f"{where}.device", f"expected >= 0, got {device}")
     kind = _get(d, "kind", where, str, default=name)
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
+    require(int(layout.nbytes) <= MAX_BUFFER_BYTES, f"{where}.layout",
+            f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (1 PiB)")
     require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
             f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
             "(the pattern bytes' unit limit)")
