@@ -46,6 +46,7 @@ from sim.transfers.routines import ROUTINES, plan as plan_copy
 
 SCHEMA_VERSION = 1
 MAX_BUFFER_BYTES = 1 << 50     # 1 PiB: beyond any pool, and far inside int64 offsets
+MAX_LAYERS = 4096              # models have at most a few hundred; every layer gets its own origin
 MAX_INDICES = 1 << 24          # one index list: 16 Mi entries (a 1M-token context is 2**20)
 OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay")
 STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
@@ -205,6 +206,8 @@ def _parse_buffer(d: Any, where: str) -> BufferSpec:
     require(device >= 0, f"{where}.device", f"expected >= 0, got {device}")
     kind = _get(d, "kind", where, str, default=name)
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
+    require(layout.layers <= MAX_LAYERS, f"{where}.layout.layers",
+            f"expected at most {MAX_LAYERS} layers, got {layout.layers}")
     require(int(layout.nbytes) <= MAX_BUFFER_BYTES, f"{where}.layout",
             f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (1 PiB)")
     require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
