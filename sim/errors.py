@@ -14,6 +14,9 @@ class InputError(ValueError):
         self.message = message
         super().__init__(f"{where}: {message}" if where else message)
 
+    def __reduce__(self):          # picklable across process pools
+        return (InputError, (self.where, self.message))
+
 
 def require(cond: bool, where: str, message: str) -> None:
     if not cond:
