@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from sim.executor import RunResult, run_reference, run_schedule
+from sim.executor import RunResult, run_reference
 from sim.hb import HappensBefore, latent_races
 from sim.memory import Memory, clip_extents
 from sim.schedule import Schedule, validate
@@ -220,12 +220,6 @@ def _verify(s: Schedule, run: RunResult, doc: dict) -> None:
     for r in run.reads:
         if not np.array_equal(ref[r.op_id], r.bytes()):
             raise ReplayError(f"controlled schedule does not reproduce read {r.op_id}")
-
-
-def predicted_reads(s: Schedule, profile, **kw) -> tuple[RunResult, dict]:
-    """Simulate item-atomically and build the controlled schedule in one go."""
-    run = run_schedule(s, profile, torn=False, **kw)
-    return run, controlled_schedule(s, run)
 
 
 def possible_provenance(s: Schedule) -> dict[str, list]:

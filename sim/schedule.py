@@ -41,7 +41,7 @@ import numpy as np
 
 from sim.bytes.pattern import MAX_UNIT_BYTES
 from sim.errors import InputError, require
-from sim.pools.layouts import layout_from_json, layout_to_json
+from sim.pools.layouts import layout_from_json
 from sim.transfers.routines import ROUTINES, plan as plan_copy
 
 SCHEMA_VERSION = 1
@@ -385,12 +385,3 @@ def load(path: str) -> Schedule:
     except json.JSONDecodeError as e:
         raise InputError("", f"{path} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     return validate(doc)
-
-
-def buffer_to_json(spec: BufferSpec) -> dict:
-    out = {"name": spec.name, "location": spec.location, "device": spec.device, "kind": spec.kind,
-           "layout": layout_to_json(spec.layout)}
-    if spec.init:
-        out["init"] = [{"layers": list(f.layers), "indices": f.indices.tolist(), "owner": f.owner,
-                        "version": f.version, "first_unit": f.first_unit} for f in spec.init]
-    return out

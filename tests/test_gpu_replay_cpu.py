@@ -7,7 +7,6 @@ with the same staged writes and guard sizing, so replay()'s whole pipeline runs 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import subprocess
 import sys
@@ -484,7 +483,6 @@ def test_gpu_schedule_reads_and_writes_host_buffers():
 
 def test_gpu_run_gives_an_observed_snapshot_comparable_with_the_prediction():
     from gpu_backend.runner import GpuRun
-    from sim.executor import run_schedule
     from sim.schedule import load
     from sim.snapshot import first_difference, snapshot_of
     from tests.helpers import profile

@@ -273,7 +273,7 @@ def _item_bytes(args: Mapping, src, dst, where: str, *, align: int = AOT_ITEM_AL
                                 f"(src {src.name}: {src.unit_bytes} B, dst {dst.name}: "
                                 f"{dst.unit_bytes} B), got nothing")
         ib = src.unit_bytes
-        what = f"the layouts' unit_bytes (default item_bytes)"
+        what = "the layouts' unit_bytes (default item_bytes)"
     if align and ib % align:
         raise InputError(w, f"Item byte size must be divisible by {align} (sgl-kernel "
                             f"transfer_kv_launcher); {what} is {ib}")
