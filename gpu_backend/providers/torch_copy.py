@@ -54,12 +54,7 @@ def host_pieces(routine: str, src_layout, dst_layout, args: Mapping) -> np.ndarr
             for (fso, ln), (fdo, _) in zip(sp.fields, dp.fields):
                 rows.append((so[k] + fso + se[k] * ln, do[k] + fdo + de[k] * ln, ln))
         return _merge(rows)
-    if routine == "dsa_indexer_per_layer":
-        ps = base.dsa_page_size(args)
-        s, d = s.reshape(-1, ps)[:, 0] // ps, d.reshape(-1, ps)[:, 0] // ps
-        ib = sp.unit_bytes
-    else:
-        ib = int(args["item_bytes"]) if args.get("item_bytes") is not None else sp.unit_bytes
+    s, d, ib = _row_items(routine, args, sp, s, d)
     keep = (s >= 0) & (d >= 0)
     for si, di in zip(s[keep], d[keep]):
         for L in layers:
@@ -75,6 +70,15 @@ def _merge(rows: list[tuple[int, int, int]]) -> np.ndarray:
         else:
             out.append([int(so), int(do), int(n)])
     return np.array(out, dtype=np.int64).reshape(-1, 3)
+
+
+def _row_items(routine: str, args, sp, s, d):
+    """Row indices and row bytes of a row copy (DSA indexer: token indices -> pages)."""
+    if routine == "dsa_indexer_per_layer":
+        ps = base.dsa_page_size(args)
+        return s.reshape(-1, ps)[:, 0] // ps, d.reshape(-1, ps)[:, 0] // ps, sp.unit_bytes
+    ib = int(args["item_bytes"]) if args.get("item_bytes") is not None else sp.unit_bytes
+    return s, d, ib
 
 
 class TorchProvider:
@@ -129,12 +133,7 @@ class TorchProvider:
 
         sp, dp = base.layout_params(src_layout), base.layout_params(dst_layout)
         s, d = base.index_pair(args)
-        if routine == "dsa_indexer_per_layer":
-            ps = base.dsa_page_size(args)
-            s, d = s.reshape(-1, ps)[:, 0] // ps, d.reshape(-1, ps)[:, 0] // ps
-            ib = sp.unit_bytes
-        else:
-            ib = int(args["item_bytes"]) if args.get("item_bytes") is not None else sp.unit_bytes
+        s, d, ib = _row_items(routine, args, sp, s, d)
         keep = (s >= 0) & (d >= 0)
         if not keep.any():
             return

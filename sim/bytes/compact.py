@@ -79,6 +79,17 @@ def _int_array(x, where: str) -> np.ndarray:
     return np.atleast_1d(a.astype(_I64, copy=False))
 
 
+def check_range(size: int, offset: int, nbytes: int | None, where: str) -> tuple[int, int]:
+    """``(offset, nbytes)`` of a range inside a buffer of ``size`` bytes (``nbytes``
+    None: to the end), or InputError."""
+    offset = int(offset)
+    nbytes = size - offset if nbytes is None else int(nbytes)
+    if nbytes < 0 or offset < 0 or offset + nbytes > size:
+        raise InputError(where, f"range [{offset}, {offset + nbytes}) is out of bounds: "
+                                f"expected a range inside [0, {size})")
+    return offset, nbytes
+
+
 def _check_bounds(offsets, lengths, nbytes: int, where: str) -> None:
     """Raise InputError naming the first extent outside ``[0, nbytes)``."""
     bad = (lengths > 0) & ((offsets < 0) | (offsets > nbytes - lengths))
@@ -510,12 +521,7 @@ class CompactBuffer:
         return np.concatenate(self._bs), np.concatenate(self._bo), np.concatenate(self._bf)
 
     def _range(self, offset: int, nbytes: int | None, where: str):
-        offset = int(offset)
-        nbytes = self.nbytes - offset if nbytes is None else int(nbytes)
-        if nbytes < 0 or offset < 0 or offset + nbytes > self.nbytes:
-            raise InputError(where, f"range [{offset}, {offset + nbytes}) is out of bounds: "
-                                    f"expected a range inside [0, {self.nbytes})")
-        return offset, nbytes
+        return check_range(self.nbytes, offset, nbytes, where)
 
     def pieces(self, offset: int = 0, nbytes: int | None = None) -> Pieces:
         offset, nbytes = self._range(offset, nbytes, "pieces")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.bytes.compact import (OriginTable, disjoint_in_order, extents, gather_extents,
+from sim.bytes.compact import (OriginTable, check_range, disjoint_in_order, extents, gather_extents,
                                move_extents, pattern_runs, resolve_later_wins, scatter_extents)
 from sim.bytes.pattern import Origin
 from sim.errors import InputError
@@ -61,12 +61,7 @@ class MaterialBuffer:
         return f"MaterialBuffer({self.nbytes} bytes)"
 
     def _range(self, offset: int, nbytes: int | None, where: str):
-        offset = int(offset)
-        nbytes = self.nbytes - offset if nbytes is None else int(nbytes)
-        if nbytes < 0 or offset < 0 or offset + nbytes > self.nbytes:
-            raise InputError(where, f"range [{offset}, {offset + nbytes}) is out of bounds: "
-                                    f"expected a range inside [0, {self.nbytes})")
-        return offset, nbytes
+        return check_range(self.nbytes, offset, nbytes, where)
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
         offset, nbytes = self._range(offset, nbytes, "read")
