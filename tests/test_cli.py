@@ -85,3 +85,20 @@ def test_readme_opens_with_exactly_two_commands_and_ci_runs_the_second():
 def test_both_profiles_run(profile):
     assert main(["schedule", "run", "examples/index_k_ungated_race.json", "--profile", profile,
                  "--json", "-"]) == 0
+
+
+def test_torn_example_shows_half_written_pages():
+    rc, out, _ = kvrace("schedule", "run", "examples/index_k_torn_read.json", "--json", "-")
+    rep = json.loads(out)
+    assert rc == 0
+    r = rep["reads"][0]
+    assert r["status"] == "torn" and rep["torn_reads"] == 1
+    prov = r["provenance"]
+    assert len(prov) == 8                      # 4 pages, each new bytes then old bytes
+    split = prov[0]["nbytes"]
+    assert split % 256 == 0 and 0 < split < 8448   # whole 256 B warp steps landed
+    for page in range(4):
+        new, old = prov[2 * page], prov[2 * page + 1]
+        assert new["origin"]["owner"] == 12 and new["first_unit"] == page and new["nbytes"] == split
+        assert old["origin"]["owner"] == -1 and old["nbytes"] == 8448 - split
+    assert r["bytes_differing"] == 4 * (8448 - split)
