@@ -629,38 +629,24 @@ def staged_launch(provider_name: str, routine: str, src, dst, src_layout, dst_la
 
     if provider_name == "builtin":
         from gpu_backend.providers import builtin_kernels as bk
-        from gpu_backend.providers.builtin import _item_bytes
+        from gpu_backend.providers.builtin import kernel_params
 
         if routine == "direct_per_layer":
             raise NotStaged("direct_per_layer is a host routine (one cuMemcpyAsync per piece)")
         mod = prov._module(device.index)
         mod.make_current()
-        s, d = base.index_pair(args)
-        values = {"src": src.ptr, "dst": dst.ptr, "n_layers": len(layers), "index_stride": 1,
-                  "index_div": 1, **bk.lay_values("src", sp), **bk.lay_values("dst", dp)}
-        if routine == "dsa_indexer_per_layer":
-            ps = base.dsa_page_size(args)
-            n = s.size // ps
-            values.update(index_stride=ps, index_div=ps)
-        else:
-            n = s.size
-        blocks, threads, ipw = (bk.warp_per_item_launch(n) if routine == "dsv4_token" else bk.quota_launch(n))
-        if routine == "token_bytewise":
-            values.update(n_fields=len(sp.fields), f_src_off=[f[0] for f in sp.fields],
-                          f_dst_off=[f[0] for f in dp.fields], f_len=[f[1] for f in sp.fields])
-        else:
-            values["item_bytes"] = _item_bytes(routine, src_layout, dst_layout, args)
-        keep = [torch.from_numpy(np.ascontiguousarray(s)).to(device),
-                torch.from_numpy(np.ascontiguousarray(d)).to(device),
-                torch.tensor(layers, dtype=torch.int64).to(device)]
-        values.update(src_idx=keep[0].data_ptr(), dst_idx=keep[1].data_ptr(), layer_ids=keep[2].data_ptr(),
-                      n_items=n, items_per_warp=ipw)
+        kp = kernel_params(routine, src, dst, src_layout, dst_layout, args)
+        n, values = kp.n_items, dict(kp.values)
+        keep = [torch.from_numpy(np.ascontiguousarray(kp.src_idx)).to(device),
+                torch.from_numpy(np.ascontiguousarray(kp.dst_idx)).to(device),
+                torch.tensor(kp.layers, dtype=torch.int64).to(device)]
+        values.update(src_idx=keep[0].data_ptr(), dst_idx=keep[1].data_ptr(), layer_ids=keep[2].data_ptr())
         kernel = bk.KERNELS[routine]
 
         def run(stream, _keep=keep):
             if n:
                 mod.make_current()
-                prov._launch(mod, kernel, (blocks, threads), values, stream)
+                prov._launch(mod, kernel, kp.shape, values, stream)
 
     elif provider_name == "sglang":
         import tvm_ffi

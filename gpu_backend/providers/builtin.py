@@ -14,6 +14,7 @@ parameters (``base.direct_pieces``).
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -95,6 +96,41 @@ class _Module:
         _check(driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
 
+@dataclass
+class KernelParams:
+    """One builtin kernel launch, short of the device pointers of its index arrays."""
+
+    src_idx: np.ndarray
+    dst_idx: np.ndarray
+    layers: list[int]
+    n_items: int
+    shape: tuple[int, int]          # (blocks, threads)
+    values: dict                    # pack_params values; src_idx/dst_idx/layer_ids still to fill
+
+
+def kernel_params(routine: str, src, dst, src_layout, dst_layout, args: Mapping) -> KernelParams:
+    """Parameters of the kernel that runs ``routine`` (not ``direct_per_layer``, a host routine)."""
+    sp, dp = base.layout_params(src_layout), base.layout_params(dst_layout)
+    s, d = base.index_pair(args)
+    layers = base.routine_layers(routine, src_layout, args)
+    values = {"src": src.ptr, "dst": dst.ptr, "n_layers": len(layers), "index_stride": 1, "index_div": 1,
+              **bk.lay_values("src", sp), **bk.lay_values("dst", dp)}
+    if routine == "dsa_indexer_per_layer":
+        ps = base.dsa_page_size(args)
+        n = s.size // ps
+        values.update(index_stride=ps, index_div=ps)
+    else:
+        n = s.size
+    blocks, threads, ipw = bk.warp_per_item_launch(n) if routine == "dsv4_token" else bk.quota_launch(n)
+    if routine == "token_bytewise":
+        values.update(n_fields=len(sp.fields), f_src_off=[f[0] for f in sp.fields],
+                      f_dst_off=[f[0] for f in dp.fields], f_len=[f[1] for f in sp.fields])
+    else:
+        values["item_bytes"] = _item_bytes(routine, src_layout, dst_layout, args)
+    values.update(n_items=n, items_per_warp=ipw)
+    return KernelParams(s, d, layers, n, (blocks, threads), values)
+
+
 class BuiltinProvider:
     name = NAME
 
@@ -163,36 +199,17 @@ class BuiltinProvider:
         if routine == "direct_per_layer":
             self._direct(mod, src, dst, sp, dp, args, stream)
             return
-        s, d = base.index_pair(args)
-        layers = base.routine_layers(routine, src_layout, args)
-        values = {"src": src.ptr, "dst": dst.ptr, "n_layers": len(layers),
-                  "index_stride": 1, "index_div": 1,
-                  **bk.lay_values("src", sp), **bk.lay_values("dst", dp)}
-        if routine == "dsa_indexer_per_layer":
-            ps = base.dsa_page_size(args)
-            n = s.size // ps
-            values.update(index_stride=ps, index_div=ps)
-        else:
-            n = s.size
-        if n == 0:
+        kp = kernel_params(routine, src, dst, src_layout, dst_layout, args)
+        if kp.n_items == 0:
             return
-        if routine == "dsv4_token":
-            blocks, threads, ipw = bk.warp_per_item_launch(n)
-        else:
-            blocks, threads, ipw = bk.quota_launch(n)
-        if routine == "token_bytewise":
-            values.update(n_fields=len(sp.fields), f_src_off=[f[0] for f in sp.fields],
-                          f_dst_off=[f[0] for f in dp.fields], f_len=[f[1] for f in sp.fields])
-        else:
-            values["item_bytes"] = _item_bytes(routine, src_layout, dst_layout, args)
+        s, d, layers, values = kp.src_idx, kp.dst_idx, kp.layers, kp.values
         with torch.cuda.stream(stream):
             # allocated on the launch stream, so the caching allocator keeps them until it passes
             s_dev = torch.from_numpy(np.ascontiguousarray(s)).to(device, non_blocking=True)
             d_dev = torch.from_numpy(np.ascontiguousarray(d)).to(device, non_blocking=True)
             l_dev = torch.tensor(layers, dtype=torch.int64).to(device, non_blocking=True)
-        values.update(src_idx=s_dev.data_ptr(), dst_idx=d_dev.data_ptr(), layer_ids=l_dev.data_ptr(),
-                      n_items=n, items_per_warp=ipw)
-        self._launch(mod, bk.KERNELS[routine], (blocks, threads), values, stream)
+        values.update(src_idx=s_dev.data_ptr(), dst_idx=d_dev.data_ptr(), layer_ids=l_dev.data_ptr())
+        self._launch(mod, bk.KERNELS[routine], kp.shape, values, stream)
 
     @staticmethod
     def _launch(mod: _Module, kernel: str, shape: tuple[int, int], values: dict, stream) -> None:

@@ -165,14 +165,18 @@ __device__ __forceinline__ void warp_copy_any(int lane, const char* s, char* d, 
   }
 }
 
+// every kernel: this warp's lane, id and the warp count; the index arrays; both layouts
+#define KVR_WARP_PROLOGUE(p)                                                              \
+  const int lane = threadIdx.x % KVR_WARP;                                                \
+  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;   \
+  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;                   \
+  const long long* si_arr = reinterpret_cast<const long long*>((p).src_idx);              \
+  const long long* di_arr = reinterpret_cast<const long long*>((p).dst_idx);              \
+  const long long* layers = reinterpret_cast<const long long*>((p).layer_ids);            \
+  const Lay sl = src_lay(p), dl = dst_lay(p)
+
 extern "C" __global__ void __launch_bounds__(1024) kvr_rows(const Params p) {
-  const int lane = threadIdx.x % KVR_WARP;
-  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;
-  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;
-  const long long* si_arr = reinterpret_cast<const long long*>(p.src_idx);
-  const long long* di_arr = reinterpret_cast<const long long*>(p.dst_idx);
-  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
-  const Lay sl = src_lay(p), dl = dst_lay(p);
+  KVR_WARP_PROLOGUE(p);
   for (long long r = 0; r < p.items_per_warp; ++r) {
     const long long item = r * warps + warp;
     if (item >= p.n_items) break;
@@ -189,13 +193,7 @@ extern "C" __global__ void __launch_bounds__(1024) kvr_rows(const Params p) {
 }
 
 extern "C" __global__ void __launch_bounds__(1024) kvr_dsv4(const Params p) {
-  const int lane = threadIdx.x % KVR_WARP;
-  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;
-  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;
-  const long long* si_arr = reinterpret_cast<const long long*>(p.src_idx);
-  const long long* di_arr = reinterpret_cast<const long long*>(p.dst_idx);
-  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
-  const Lay sl = src_lay(p), dl = dst_lay(p);
+  KVR_WARP_PROLOGUE(p);
   const long long value_words = C4_VALUE_BYTES / 8;
   for (long long item = warp; item < p.n_items; item += warps) {
     const int si = (int)si_arr[item];
@@ -222,13 +220,7 @@ extern "C" __global__ void __launch_bounds__(1024) kvr_dsv4(const Params p) {
 }
 
 extern "C" __global__ void __launch_bounds__(1024) kvr_fields(const Params p) {
-  const int lane = threadIdx.x % KVR_WARP;
-  const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / KVR_WARP;
-  const long long warps = (long long)gridDim.x * blockDim.x / KVR_WARP;
-  const long long* si_arr = reinterpret_cast<const long long*>(p.src_idx);
-  const long long* di_arr = reinterpret_cast<const long long*>(p.dst_idx);
-  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
-  const Lay sl = src_lay(p), dl = dst_lay(p);
+  KVR_WARP_PROLOGUE(p);
   for (long long r = 0; r < p.items_per_warp; ++r) {
     const long long item = r * warps + warp;
     if (item >= p.n_items) break;
