@@ -273,10 +273,14 @@ def summary_text(rep: dict) -> str:
 
 
 def cli_replay(args, *, make_runner=None) -> int:
-    """``kvrace replay FILE --provider P --mode M [--trials N] [--profile X] [--seed S] [--json PATH|-]``."""
-    from sim.cli import emit
+    """``kvrace replay FILE --provider P --mode M [--trials N] [--profile X] [--seed S] [--json PATH|-]``.
+
+    Exit 0 when every read agreed, 1 when one did not, 2 when the schedule cannot be replayed or an
+    argument is bad (InputError, printed by sim.cli.main), 3 (in sim.cli) when there is no GPU."""
+    from sim.cli import check_output_path, emit
     from sim.schedule import load
 
+    check_output_path(args.json, "--json")      # before the GPU work: a bad path is exit 2 now
     s = load(args.file)
     try:
         rep = replay(s, args.provider, args.mode, profile=args.profile, trials=args.trials, seed=args.seed,

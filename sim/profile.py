@@ -7,6 +7,7 @@ second (1 GB/s = 1e3 bytes per microsecond), ``_us`` microseconds.
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from importlib import resources
@@ -65,9 +66,15 @@ def shipped_profiles() -> list[str]:
 
 
 def load_profile(name_or_path: str) -> Profile:
+    if os.path.isdir(name_or_path):
+        raise InputError("profile", f"{name_or_path!r} is a directory; give a profile TOML file or a shipped "
+                         f"profile name, one of {shipped_profiles()}")
     if os.path.exists(name_or_path):
-        with open(name_or_path, "rb") as f:
-            text = f.read()
+        try:
+            with open(name_or_path, "rb") as f:
+                text = f.read()
+        except OSError as e:
+            raise InputError("profile", f"cannot read {name_or_path!r}: {e.strerror}") from None
         where = name_or_path
     else:
         res = resources.files("sim") / "profiles" / f"{name_or_path}.toml"
@@ -77,7 +84,10 @@ def load_profile(name_or_path: str) -> Profile:
         text = res.read_bytes()
         where = f"profile {name_or_path}"
     try:
-        doc = tomllib.loads(text.decode())
+        doc = tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(where, f"not a UTF-8 text file (byte {e.start}: {e.reason}); a profile is TOML "
+                         "as `kvrace calibrate` writes it") from None
     except tomllib.TOMLDecodeError as e:
         raise InputError(where, f"not valid TOML: {e}") from None
     return profile_from_dict(doc, where)
@@ -93,8 +103,9 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
         require(isinstance(sec, dict), f"{where}: [{section}]", "missing table")
         for key, typ in keys.items():
             v = sec.get(key)
-            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (typ is float or isinstance(v, int))
-            require(ok, f"{where}: {section}.{key}", f"expected a {'number' if typ is float else 'integer'}, got {v!r}")
+            ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and (typ is float or isinstance(v, int))
+                  and math.isfinite(v))
+            require(ok, f"{where}: {section}.{key}", f"expected a finite {'number' if typ is float else 'integer'}, got {v!r}")
             positive = key != "jitter_frac" and not key.endswith("overhead_us")
             require(v > 0 if positive else v >= 0, f"{where}: {section}.{key}",
                     f"expected {'> 0' if positive else '>= 0'}, got {v}")
