@@ -34,20 +34,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sim.bytes.pattern import MAX_UNIT_BYTES
-from sim.errors import InputError, require
+from sim.errors import InputError, require, show
 from sim.pools.layouts import layout_from_json
 from sim.transfers.routines import ROUTINES, plan as plan_copy
 
 SCHEMA_VERSION = 1
+# ---- limits: every one is checked before anything it bounds is built, and named in its error
+MAX_FILE_BYTES = 64 << 20      # a schedule file: 64 MiB of JSON
+MAX_NUMBER_DIGITS = 40         # a JSON integer literal: 40 digits (int64 needs 19)
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1   # every integer field is an int64
 MAX_BUFFER_BYTES = 1 << 50     # 1 PiB: beyond any pool, and far inside int64 offsets
 MAX_LAYERS = 4096              # models have at most a few hundred; every layer gets its own origin
-MAX_INDICES = 1 << 24          # one index list: 16 Mi entries (a 1M-token context is 2**20)
+MAX_INDICES = 1 << 21          # one index list: 2 Mi entries (a 1M-token context is 2**20)
+MAX_TOTAL_INDICES = 1 << 24    # all index lists of a schedule, each counted once per layer it touches
+MAX_BUFFERS = 1024
+MAX_STREAMS = 1024
+MAX_EVENTS = 1 << 16
+MAX_OPS = 1 << 17              # 131,072 ops
+MAX_READ_EXTENTS = 1 << 16     # extents (unit rows, token fields, ranges) of all reads together
+MAX_READ_BYTES = 128 << 20     # bytes of all reads together (each read's bytes are kept, twice)
+MAX_DURATION_US = 1e9          # one compute or host_delay: 1,000 s
+MAX_NAME_CHARS = 256           # a buffer, kind, stream, event or op name
+MAX_DEVICE = 1023              # device ordinals
 OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay")
 STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
 
@@ -140,13 +156,15 @@ def _get(d: dict, key: str, where: str, types, *, default=..., what: str | None 
         return default
     v = d[key]
     if types is int and isinstance(v, bool):
-        raise InputError(f"{where}.{key}", f"expected an integer, got {v!r}")
+        raise InputError(f"{where}.{key}", f"expected an integer, got {show(v)}")
+    if types is int and isinstance(v, int) and not INT_MIN <= v <= INT_MAX:
+        raise InputError(f"{where}.{key}", f"expected an int64 integer (-2**63 .. 2**63-1), got {show(v)}")
     if types in (float, (int, float)):
         types = (int, float)
         if isinstance(v, bool):
-            raise InputError(f"{where}.{key}", f"expected a number, got {v!r}")
+            raise InputError(f"{where}.{key}", f"expected a number, got {show(v)}")
     if not isinstance(v, types):
-        raise InputError(f"{where}.{key}", f"expected {what or _tname(types)}, got {v!r}")
+        raise InputError(f"{where}.{key}", f"expected {what or _tname(types)}, got {show(v)}")
     return v
 
 
@@ -161,22 +179,77 @@ def _tname(types) -> str:
 def _check_keys(d: dict, allowed: set[str], where: str) -> None:
     extra = sorted(set(d) - allowed)
     if extra:
-        raise InputError(f"{where}.{extra[0]}", f"unknown key; expected one of {sorted(allowed)}")
+        raise InputError(f"{where}.{show(extra[0])[1:-1]}", f"unknown key; expected one of {sorted(allowed)}")
 
 
-def _int_list(v, where: str) -> np.ndarray:
-    """A list of ints, or {"start", "count"[, "step"]}."""
+def _list_count(v, where: str) -> int:
+    """How many indices an index list (a list, or {"start", "count"[, "step"]}) holds,
+    without expanding it; 0 for anything else (the expansion then refuses it).
+    More than MAX_INDICES is an InputError at ``where``."""
+    n = 0
+    if isinstance(v, dict):
+        c = v.get("count")
+        n = c if isinstance(c, int) and not isinstance(c, bool) and c > 0 else 0
+        where = f"{where}.count"
+    elif isinstance(v, list):
+        n = len(v)
+    require(n <= MAX_INDICES, where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {show(n)}")
+    return n
+
+
+class _Totals:
+    """Running totals of the schedule-wide limits (checked before each expansion)."""
+
+    def __init__(self):
+        self.indices = 0
+        self.read_extents = 0
+        self.read_bytes = 0
+
+    def add_indices(self, n: int, where: str) -> None:
+        self.indices += n
+        require(self.indices <= MAX_TOTAL_INDICES, where,
+                f"the schedule's index lists would hold {self.indices} indices (each counted once per "
+                f"layer it touches); expected at most MAX_TOTAL_INDICES = {MAX_TOTAL_INDICES}")
+
+    def add_read(self, extents: int, nbytes: int, where: str) -> None:
+        self.read_extents += extents
+        self.read_bytes += nbytes
+        require(self.read_extents <= MAX_READ_EXTENTS, where,
+                f"the schedule's reads would touch {self.read_extents} extents; expected at most "
+                f"MAX_READ_EXTENTS = {MAX_READ_EXTENTS}")
+        require(self.read_bytes <= MAX_READ_BYTES, where,
+                f"the schedule's reads would capture {self.read_bytes} bytes; expected at most "
+                f"MAX_READ_BYTES = {MAX_READ_BYTES} (128 MiB)")
+
+
+def _int_list(v, where: str, lo: int = INT_MIN, hi: int = INT_MAX) -> np.ndarray:
+    """A list of int64s, or {"start", "count"[, "step"]} (``start + step*k`` for
+    ``k < count``), each in ``[lo, hi]``; at most MAX_INDICES entries.  The count and
+    the range of an arithmetic list are checked before it is expanded."""
     if isinstance(v, dict):
         _check_keys(v, {"start", "count", "step"}, where)
         start = _get(v, "start", where, int)
         count = _get(v, "count", where, int)
         step = _get(v, "step", where, int, default=1)
-        require(0 <= count <= MAX_INDICES, f"{where}.count", f"expected 0..{MAX_INDICES}, got {count}")
+        require(0 <= count <= MAX_INDICES, f"{where}.count",
+                f"expected 0..{MAX_INDICES} (MAX_INDICES), got {count}")
+        if count:
+            last = start + step * (count - 1)
+            bad = start if not lo <= start <= hi else (last if not lo <= last <= hi else None)
+            require(bad is None, where, f"expected indices in {lo}..{hi}, but start {start}, step {step}, "
+                    f"count {count} reaches {bad}")
         return start + step * np.arange(count, dtype=np.int64)
-    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
-        raise InputError(where, f"expected a list of integers or {{start, count}}, got {str(v)[:80]}")
-    if any(not -(1 << 63) <= x < (1 << 63) for x in v):
-        raise InputError(where, "expected int64 values")
+    if not isinstance(v, list):
+        raise InputError(where, f"expected a list of integers or {{start, count}}, got {show(v)}")
+    require(len(v) <= MAX_INDICES, where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {len(v)}")
+    if not v:
+        return np.zeros(0, dtype=np.int64)
+    if not all(type(x) is int for x in v) or min(v) < lo or max(v) > hi:
+        for k, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, int):
+                raise InputError(f"{where}[{k}]", f"expected an integer, got {show(x)}")
+            if not lo <= x <= hi:
+                raise InputError(f"{where}[{k}]", f"expected an index in {lo}..{hi}, got {show(x)}")
     return np.asarray(v, dtype=np.int64)
 
 
@@ -189,27 +262,37 @@ def _normalise_args(args: dict, where: str) -> dict:
 def _name(d: dict, key: str, where: str, known, what: str) -> str:
     v = _get(d, key, where, str)
     if v not in known:
-        raise InputError(f"{where}.{key}", f"unknown {what} {v!r}; expected one of {sorted(known)}")
+        raise InputError(f"{where}.{key}", f"unknown {what} {show(v)}; expected one of {show(sorted(known))}")
     return v
 
 
 # ---------------------------------------------------------------- parsing
 
-def _parse_buffer(d: Any, where: str) -> BufferSpec:
-    require(isinstance(d, dict), where, f"expected an object, got {d!r}")
+def _label(d: dict, key: str, where: str, *, default=...) -> str:
+    """A name (buffer, kind, stream, event, op id): a non-empty string of at most
+    MAX_NAME_CHARS characters, so that every message echoing it stays short."""
+    v = _get(d, key, where, str, default=default)
+    require(0 < len(v) <= MAX_NAME_CHARS, f"{where}.{key}",
+            f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) characters, got {show(v)}")
+    return v
+
+
+def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
+    if not isinstance(d, dict):
+        raise InputError(where, f"expected an object, got {show(d)}")
     _check_keys(d, {"name", "location", "device", "kind", "layout", "init", "description"}, where)
-    name = _get(d, "name", where, str)
+    name = _label(d, "name", where)
     location = _get(d, "location", where, str)
     require(location in ("device", "host"), f"{where}.location",
-            f"expected 'device' or 'host', got {location!r}")
+            f"expected 'device' or 'host', got {show(location)}")
     device = _get(d, "device", where, int, default=0)
-    require(device >= 0, f"{where}.device", f"expected >= 0, got {device}")
-    kind = _get(d, "kind", where, str, default=name)
+    require(0 <= device <= MAX_DEVICE, f"{where}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
+    kind = _label(d, "kind", where, default=name)
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
     require(layout.layers <= MAX_LAYERS, f"{where}.layout.layers",
-            f"expected at most {MAX_LAYERS} layers, got {layout.layers}")
+            f"expected at most {MAX_LAYERS} (MAX_LAYERS) layers, got {layout.layers}")
     require(int(layout.nbytes) <= MAX_BUFFER_BYTES, f"{where}.layout",
-            f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (1 PiB)")
+            f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 PiB)")
     require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
             f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
             "(the pattern bytes' unit limit)")
@@ -219,56 +302,86 @@ def _parse_buffer(d: Any, where: str) -> BufferSpec:
     fills = []
     for j, f in enumerate(_get(d, "init", where, list, default=[])):
         fw = f"{where}.init[{j}]"
-        require(isinstance(f, dict), fw, f"expected an object, got {f!r}")
+        if not isinstance(f, dict):
+            raise InputError(fw, f"expected an object, got {show(f)}")
         _check_keys(f, {"layers", "indices", "owner", "version", "first_unit"}, fw)
         layers_v = f.get("layers", "all")
         if layers_v == "all":
             layers = tuple(range(layout.layers))
         else:
-            layers = tuple(int(x) for x in _int_list(layers_v, f"{fw}.layers"))
-            bad = [x for x in layers if not 0 <= x < layout.layers]
-            require(not bad, f"{fw}.layers", f"expected layers in 0..{layout.layers - 1}, got {bad[:5]}")
-        idx = _int_list(_get(f, "indices", fw, (list, dict)), f"{fw}.indices")
-        bad = idx[(idx < 0) | (idx >= layout.units)]
-        require(bad.size == 0, f"{fw}.indices",
-                f"expected indices in 0..{layout.units - 1}, got {bad[:5].tolist()}")
+            layers = tuple(int(x) for x in _int_list(layers_v, f"{fw}.layers", 0, layout.layers - 1))
+        idx_v = _get(f, "indices", fw, (list, dict))
+        totals.add_indices(_list_count(idx_v, f"{fw}.indices") * max(len(layers), 1), f"{fw}.indices")
+        idx = _int_list(idx_v, f"{fw}.indices", 0, layout.units - 1)
+        first_unit = _get(f, "first_unit", fw, int, default=0)
+        # unit first_unit + k of the origin starts at pattern byte (first_unit + k) * unit_bytes
+        top = INT_MAX // layout.unit_bytes - max(idx.size, 1)
+        require(0 <= first_unit <= top, f"{fw}.first_unit",
+                f"expected 0..{top} (its units' pattern offsets must be int64), got {first_unit}")
         fills.append(Fill(layers, idx, _get(f, "owner", fw, int, default=-1),
-                          _get(f, "version", fw, int, default=1),
-                          _get(f, "first_unit", fw, int, default=0)))
+                          _get(f, "version", fw, int, default=1), first_unit))
     return BufferSpec(name, location, device, kind, layout, tuple(fills))
 
 
-def _selection(d: dict, where: str, buf: BufferSpec, *, allow_ranges: bool):
+def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_ranges: bool):
     keys = [k for k in ("units", "tokens", "ranges") if k in d]
     allowed = "'units' or 'tokens'" + (" or 'ranges'" if allow_ranges else "")
     require(len(keys) == 1, where, f"expected exactly one of {allowed}, got {keys or 'none'}")
     key = keys[0]
     require(allow_ranges or key != "ranges", f"{where}.ranges", f"not allowed here; use {allowed}")
     lay = buf.layout
+    is_read = allow_ranges
     if key == "ranges":
         r = _get(d, "ranges", where, list)
-        ok = all(isinstance(x, list) and len(x) == 2 and all(isinstance(y, int) for y in x) for x in r)
-        require(ok and r, f"{where}.ranges", "expected a non-empty list of [offset, nbytes] pairs")
+        require(0 < len(r) <= MAX_INDICES, f"{where}.ranges",
+                f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
+        total = 0
+        for k, x in enumerate(r):
+            ok = (isinstance(x, list) and len(x) == 2
+                  and all(isinstance(y, int) and not isinstance(y, bool) for y in x))
+            if not ok:
+                raise InputError(f"{where}.ranges[{k}]", f"expected an [offset, nbytes] pair of integers, got {show(x)}")
+            o, n = x
+            if not (0 <= o and 0 < n and o + n <= buf.nbytes):
+                raise InputError(f"{where}.ranges[{k}]",
+                                 f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {buf.nbytes} "
+                                 f"(the buffer's size), got {show(x)}")
+            total += n
+        totals.add_read(len(r), total, f"{where}.ranges")
         arr = np.asarray(r, dtype=np.int64).reshape(-1, 2)
-        bad = (arr[:, 0] < 0) | (arr[:, 1] <= 0) | (arr[:, 0] + arr[:, 1] > buf.nbytes)
-        require(not bad.any(), f"{where}.ranges",
-                f"ranges must lie in [0, {buf.nbytes}) with nbytes > 0; bad: {arr[bad][:3].tolist()}")
         return None, None, (arr[:, 0].copy(), arr[:, 1].copy())
     layer = _get(d, "layer", where, int)
     require(0 <= layer < lay.layers, f"{where}.layer", f"expected 0..{lay.layers - 1}, got {layer}")
-    idx = _int_list(d[key], f"{where}.{key}")
-    require(idx.size > 0, f"{where}.{key}", "expected at least one index")
+    count = _list_count(d[key], f"{where}.{key}")
+    totals.add_indices(count, f"{where}.{key}")
     if key == "units":
-        bad = idx[(idx < 0) | (idx >= lay.units)]
-        require(bad.size == 0, f"{where}.units", f"expected 0..{lay.units - 1}, got {bad[:5].tolist()}")
+        if is_read:
+            totals.add_read(count, count * lay.unit_bytes, f"{where}.units")
+        idx = _int_list(d[key], f"{where}.units", 0, lay.units - 1)
+        require(idx.size > 0, f"{where}.{key}", "expected at least one index")
         offs = lay.unit_offsets(layer, idx)
         return layer, idx, (np.asarray(offs, dtype=np.int64), np.full(idx.size, lay.unit_bytes, np.int64))
     require(hasattr(lay, "token_extents"), f"{where}.tokens", "token selection needs a device (paged) layout")
     ntok = lay.pages * lay.entries_per_page
-    bad = idx[(idx < 0) | (idx >= ntok)]
-    require(bad.size == 0, f"{where}.tokens", f"expected 0..{ntok - 1}, got {bad[:5].tolist()}")
+    if is_read:
+        fields = lay.effective_fields
+        totals.add_read(count * len(fields), count * sum(f.entry_bytes for f in fields), f"{where}.tokens")
+    idx = _int_list(d[key], f"{where}.tokens", 0, ntok - 1)
+    require(idx.size > 0, f"{where}.{key}", "expected at least one index")
     offs, lens = lay.token_extents(layer, idx)          # (tokens, fields): token-major
     return layer, idx, (np.asarray(offs, dtype=np.int64).ravel(), np.asarray(lens, dtype=np.int64).ravel())
+
+
+def _copy_indices(args: dict, src, dst, where: str) -> int:
+    """How many (index, layer) pairs a copy's args name, counted before expansion:
+    the length of its src_indices times the layers it copies."""
+    n = _list_count(args.get("src_indices"), f"{where}.src_indices")
+    layers = args.get("layers")
+    if isinstance(layers, (list, dict)):
+        nl = _list_count(layers, f"{where}.layers")
+    else:
+        nl = src.layers if "layer" not in args else 1
+    return n * max(nl, 1)
 
 
 def validate(doc: Any) -> Schedule:
@@ -276,43 +389,60 @@ def validate(doc: Any) -> Schedule:
     require(isinstance(doc, dict), "", f"a schedule must be a JSON object, got {type(doc).__name__}")
     version = doc.get("kvrace_schedule")
     require(version == SCHEMA_VERSION, "kvrace_schedule",
-            f"expected format version {SCHEMA_VERSION}, got {version!r}")
+            f"expected format version {SCHEMA_VERSION}, got {show(version)}")
     _check_keys(doc, {"kvrace_schedule", "name", "description", "buffers", "streams", "events", "ops"}, "")
-    name = _get(doc, "name", "", str, default="unnamed")
+    name = _label(doc, "name", "", default="unnamed")
     description = _get(doc, "description", "", str, default="")
+    totals = _Totals()
 
     buffers: dict[str, BufferSpec] = {}
-    for i, b in enumerate(_get(doc, "buffers", "", list)):
-        spec = _parse_buffer(b, f"buffers[{i}]")
-        require(spec.name not in buffers, f"buffers[{i}].name", f"duplicate buffer name {spec.name!r}")
+    buffer_list = _get(doc, "buffers", "", list)
+    require(len(buffer_list) <= MAX_BUFFERS, "buffers",
+            f"expected at most {MAX_BUFFERS} (MAX_BUFFERS) buffers, got {len(buffer_list)}")
+    for i, b in enumerate(buffer_list):
+        spec = _parse_buffer(b, f"buffers[{i}]", totals)
+        require(spec.name not in buffers, f"buffers[{i}].name", f"duplicate buffer name {show(spec.name)}")
         buffers[spec.name] = spec
 
     streams: dict[str, int] = {}
-    for i, s in enumerate(_get(doc, "streams", "", list)):
+    stream_list = _get(doc, "streams", "", list)
+    require(len(stream_list) <= MAX_STREAMS, "streams",
+            f"expected at most {MAX_STREAMS} (MAX_STREAMS) streams, got {len(stream_list)}")
+    for i, s in enumerate(stream_list):
         w = f"streams[{i}]"
         if isinstance(s, str):
             s = {"name": s}
-        require(isinstance(s, dict), w, f"expected a name or an object, got {s!r}")
+        if not isinstance(s, dict):
+            raise InputError(w, f"expected a name or an object, got {show(s)}")
         _check_keys(s, {"name", "device"}, w)
-        sname = _get(s, "name", w, str)
-        require(sname not in streams, f"{w}.name", f"duplicate stream name {sname!r}")
-        streams[sname] = _get(s, "device", w, int, default=0)
+        sname = _label(s, "name", w)
+        require(sname not in streams, f"{w}.name", f"duplicate stream name {show(sname)}")
+        device = _get(s, "device", w, int, default=0)
+        require(0 <= device <= MAX_DEVICE, f"{w}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
+        streams[sname] = device
     events = _get(doc, "events", "", list, default=[])
+    require(len(events) <= MAX_EVENTS, "events",
+            f"expected at most {MAX_EVENTS} (MAX_EVENTS) events, got {len(events)}")
     for i, e in enumerate(events):
-        require(isinstance(e, str), f"events[{i}]", f"expected a string, got {e!r}")
+        if not isinstance(e, str) or not 0 < len(e) <= MAX_NAME_CHARS:
+            raise InputError(f"events[{i}]", f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) "
+                             f"characters, got {show(e)}")
     require(len(set(events)) == len(events), "events", "duplicate event names")
 
     ops: list[Op] = []
     ids: set[str] = set()
     last_record: dict[str, int] = {}
     last_on_stream: dict[str, int] = {}
-    for i, d in enumerate(_get(doc, "ops", "", list)):
+    op_list = _get(doc, "ops", "", list)
+    require(len(op_list) <= MAX_OPS, "ops", f"expected at most {MAX_OPS} (MAX_OPS) ops, got {len(op_list)}")
+    for i, d in enumerate(op_list):
         w = f"ops[{i}]"
-        require(isinstance(d, dict), w, f"expected an object, got {d!r}")
+        if not isinstance(d, dict):
+            raise InputError(w, f"expected an object, got {show(d)}")
         kind = _get(d, "op", w, str)
-        require(kind in OP_KINDS, f"{w}.op", f"unknown op {kind!r}; expected one of {list(OP_KINDS)}")
-        op_id = _get(d, "id", w, str, default=f"op{i}")
-        require(op_id not in ids, f"{w}.id", f"duplicate op id {op_id!r}")
+        require(kind in OP_KINDS, f"{w}.op", f"unknown op {show(kind)}; expected one of {list(OP_KINDS)}")
+        op_id = _label(d, "id", w, default=f"op{i}")
+        require(op_id not in ids, f"{w}.id", f"duplicate op id {show(op_id)}")
         ids.add(op_id)
         w = f"ops[{i}] ({op_id})"
         op = Op(index=i, id=op_id, op=kind, raw=d)
@@ -324,14 +454,19 @@ def validate(doc: Any) -> Schedule:
             op.routine = _name(d, "routine", w, ROUTINES, "routine")
             op.src = _name(d, "src", w, buffers, "buffer")
             op.dst = _name(d, "dst", w, buffers, "buffer")
-            op.args = _normalise_args(_get(d, "args", w, dict, default={}), f"{w}.args")
+            src, dst = buffers[op.src], buffers[op.dst]
+            require(not (src.location == "host" and dst.location == "host"), w,
+                    "host-to-host copies are not modelled; expected a device buffer on at least one side")
+            args = _get(d, "args", w, dict, default={})
+            totals.add_indices(_copy_indices(args, src.layout, dst.layout, f"{w}.args"), f"{w}.args.src_indices")
+            op.args = _normalise_args(args, f"{w}.args")
             op.plan = plan_copy(op.routine, buffers[op.src].layout, buffers[op.dst].layout,
                                 op.args, w)
         elif kind in ("read", "write"):
             extra = {"owner", "version"} if kind == "write" else set()
             _check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
             op.buffer = _name(d, "buffer", w, buffers, "buffer")
-            op.layer, op.units, op.extents = _selection(d, w, buffers[op.buffer],
+            op.layer, op.units, op.extents = _selection(d, w, buffers[op.buffer], totals,
                                                         allow_ranges=(kind == "read"))
             if kind == "write":
                 require("units" in d, f"{w}.units",
@@ -340,8 +475,13 @@ def validate(doc: Any) -> Schedule:
                 op.version = _get(d, "version", w, int, default=1)
         elif kind in ("compute", "host_delay"):
             _check_keys(d, common | {"stream", "duration_us"}, w)
-            op.duration_us = float(_get(d, "duration_us", w, (int, float)))
-            require(op.duration_us >= 0, f"{w}.duration_us", f"expected >= 0, got {op.duration_us}")
+            duration = _get(d, "duration_us", w, (int, float))
+            require(isinstance(duration, float) or abs(duration) <= MAX_DURATION_US, f"{w}.duration_us",
+                    f"expected 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
+            op.duration_us = float(duration)
+            require(math.isfinite(op.duration_us) and 0 <= op.duration_us <= MAX_DURATION_US,
+                    f"{w}.duration_us",
+                    f"expected a finite number in 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
         elif kind in ("record", "wait"):
             _check_keys(d, common | {"stream", "event"}, w)
             op.event = _name(d, "event", w, events, "event")
@@ -349,7 +489,7 @@ def validate(doc: Any) -> Schedule:
                 last_record[op.event] = i
             else:
                 require(op.event in last_record, f"{w}.event",
-                        f"wait on event {op.event!r}, which has no record issued before it: it would "
+                        f"wait on event {show(op.event)}, which has no record issued before it: it would "
                         "never complete (deadlock); record the event earlier in the op list")
                 op.bound_record = last_record[op.event]
         elif kind == "host_sync":
@@ -358,7 +498,7 @@ def validate(doc: Any) -> Schedule:
             if "event" in d:
                 op.event = _name(d, "event", w, events, "event")
                 require(op.event in last_record, f"{w}.event",
-                        f"host_sync on event {op.event!r}, which has no record issued before it: "
+                        f"host_sync on event {show(op.event)}, which has no record issued before it: "
                         "the host would block forever (deadlock)")
                 op.bound_record = last_record[op.event]
             elif "stream" in d:
@@ -376,12 +516,58 @@ def validate(doc: Any) -> Schedule:
 
 
 def load(path: str) -> Schedule:
-    """Read and validate a schedule file."""
+    """Read and validate a schedule file.
+
+    The file must be UTF-8 JSON of at most MAX_FILE_BYTES; integer literals have at
+    most MAX_NUMBER_DIGITS digits, numbers must be finite (``NaN``, ``Infinity`` and
+    literals that overflow a double are refused), nesting deeper than Python's
+    recursion limit is refused; each problem is an InputError."""
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        size = os.path.getsize(path)
+        require(size <= MAX_FILE_BYTES, "", f"{show(path)} is {size} bytes; expected at most "
+                f"{MAX_FILE_BYTES} (MAX_FILE_BYTES, 64 MiB)")
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
-        raise InputError("", f"schedule file not found: {path}") from None
+        raise InputError("", f"schedule file not found: {show(path)}") from None
+    except IsADirectoryError:
+        raise InputError("", f"{show(path)} is a directory; expected a schedule file") from None
+    return validate(parse_json(data, str(path)))
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_NUMBER_DIGITS:
+        raise InputError("", f"an integer of {digits} digits; expected at most {MAX_NUMBER_DIGITS} "
+                         f"(MAX_NUMBER_DIGITS): {show(text)}")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise InputError("", f"the number {show(text)} does not fit a double; expected a finite number")
+    return v
+
+
+def _parse_constant(text: str):
+    raise InputError("", f"{text} is not a number JSON allows; expected a finite number")
+
+
+def parse_json(data: bytes, name: str = "input") -> Any:
+    """Decode a schedule's bytes: UTF-8 JSON with finite numbers (see :func:`load`)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError("", f"{show(name)} is not UTF-8 text: byte {e.start} is {data[e.start:e.start + 1]!r}"
+                         ) from None
+    try:
+        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
+                          parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
-        raise InputError("", f"{path} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
-    return validate(doc)
+        raise InputError("", f"{show(name)} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise InputError("", f"{show(name)} nests arrays or objects too deeply; expected at most a few "
+                         "hundred levels") from None
+    except InputError as e:
+        raise InputError("", f"{show(name)}: {e.message}") from None

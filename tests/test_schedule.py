@@ -57,7 +57,7 @@ def test_impossible_geometry_is_named():
 
 def test_selection_errors():
     rd = {"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": [9]}
-    assert "ops[0] (op0).units: expected 0..7" in err(schedule_doc([rd]))
+    assert "ops[0] (op0).units[0]: expected an index in 0..7, got 9" in err(schedule_doc([rd]))
     rd = {"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": [1], "ranges": [[0, 4]]}
     assert "exactly one of" in err(schedule_doc([rd]))
     rd = {"op": "read", "stream": "s0", "buffer": "D", "ranges": [[1000, 100]]}
@@ -96,3 +96,129 @@ def test_examples_validate_and_roundtrip_digest():
     for f in files:
         s = load(f)
         assert s.digest() == validate(json.load(open(f))).digest()
+
+
+# ---------------------------------------------------------------- hardening: bad input never crashes
+
+import pickle  # noqa: E402
+import time  # noqa: E402
+
+import simpy  # noqa: E402
+
+from sim import schedule as sched_mod  # noqa: E402
+from sim.errors import show  # noqa: E402
+
+
+def load_err(tmp_path, data: bytes) -> str:
+    p = tmp_path / "s.json"
+    p.write_bytes(data)
+    with pytest.raises(InputError) as e:
+        load(str(p))
+    return str(e.value)
+
+
+def test_input_error_survives_recreation_from_its_args():
+    e = InputError("ops[1] (x).args", "bad")
+    for again in (type(e)(*e.args), pickle.loads(pickle.dumps(e))):
+        assert isinstance(again, InputError) and str(again) == str(e) == "ops[1] (x).args: bad"
+        assert (again.where, again.message) == ("ops[1] (x).args", "bad")
+    assert str(InputError("just a message")) == "just a message"
+
+    def proc(env):       # SimPy re-raises a process's exception re-created from its args
+        yield env.timeout(1)
+        raise InputError("ops[0]", "refused")
+    env = simpy.Environment()
+    env.process(proc(env))
+    with pytest.raises(InputError) as ex:
+        env.run()
+    assert str(ex.value) == "ops[0]: refused"
+
+
+def test_show_truncates_echoed_values():
+    assert show("abc") == "'abc'"
+    out = show("x" * 5_000_000)
+    assert len(out) < 120 and out.endswith("(5000002 chars)")
+    doc = schedule_doc([{"op": "compute", "stream": "s0", "duration_us": "y" * 5_000_000}])
+    assert len(err(doc)) < 300
+    doc = schedule_doc([{"op": "compute", "stream": "z" * 5_000_000, "duration_us": 1}])
+    assert len(err(doc)) < 400
+
+
+def test_file_level_errors_are_input_errors(tmp_path):
+    good = json.dumps(schedule_doc([])).encode()
+    assert "not UTF-8" in load_err(tmp_path, good[:20] + b"\xff\xfe" + good[20:])
+    assert "too deeply" in load_err(tmp_path, b"[" * 100_000 + b"]" * 100_000)
+    assert "not valid JSON" in load_err(tmp_path, good[: len(good) // 2])
+    assert "digits" in load_err(tmp_path, good.replace(b'"t"', b"1" + b"0" * 5000))
+    for bad in (b"NaN", b"Infinity", b"-Infinity", b"1e400"):
+        doc = schedule_doc([{"op": "compute", "stream": "s0", "duration_us": 0}])
+        text = json.dumps(doc).encode().replace(b'"duration_us": 0', b'"duration_us": ' + bad)
+        assert "finite" in load_err(tmp_path, text), bad
+
+
+def test_durations_are_finite_and_bounded():
+    for v in (float("inf"), float("nan"), 1e308, 2 ** 70, sched_mod.MAX_DURATION_US * 2):
+        msg = err(schedule_doc([{"op": "compute", "stream": "s0", "duration_us": v}]))
+        assert "ops[0] (op0).duration_us" in msg and "MAX_DURATION_US" in msg, v
+
+
+def test_integers_beyond_int64_are_refused_by_name():
+    big = 2 ** 70
+    rd = {"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": {"start": big, "count": 1}}
+    assert "ops[0] (op0).units.start: expected an int64" in err(schedule_doc([rd]))
+    rd["units"] = {"start": 0, "count": 3, "step": 2 ** 62}
+    assert "ops[0] (op0).units: expected indices in 0..7" in err(schedule_doc([rd]))
+    rd["units"] = [1, big]
+    assert "ops[0] (op0).units[1]: expected an index in 0..7" in err(schedule_doc([rd]))
+    rd = {"op": "read", "stream": "s0", "buffer": "D", "ranges": [[2 ** 63 - 1, 2 ** 63 - 1]]}
+    assert "ops[0] (op0).ranges[0]: expected offset >= 0" in err(schedule_doc([rd]))
+    rd = {"op": "write", "stream": "s0", "buffer": "D", "layer": 0, "units": [0], "owner": big}
+    assert "ops[0] (op0).owner: expected an int64" in err(schedule_doc([rd]))
+    for key, msg in (("first_unit", "first_unit: expected 0.."), ("owner", "owner: expected an int64"),
+                     ("version", "version: expected an int64")):
+        doc = schedule_doc([])
+        doc["buffers"][0]["init"][0][key] = 2 ** 63 - 1 if key == "first_unit" else big
+        assert f"buffers[0].init[0].{msg}" in err(doc), key
+    doc = schedule_doc([])
+    doc["buffers"][1]["device"] = big
+    assert "buffers[1].device" in err(doc)
+
+
+def test_host_to_host_copy_is_refused_at_validation():
+    bufs = schedule_doc([])["buffers"]
+    bufs.append(dict(bufs[0], name="H2", init=[]))
+    doc = schedule_doc([copy_op(dst="H2")], buffers=bufs)
+    assert "ops[0] (op0): host-to-host copies are not modelled" in err(doc)
+
+
+@pytest.mark.parametrize("mutate,limit", [
+    (lambda d: d["ops"].append({"op": "read", "stream": "s0", "buffer": "D", "layer": 0,
+                                "units": {"start": 0, "count": 16_777_216}}), "MAX_INDICES"),
+    (lambda d: d.update(ops=[{"op": "record", "stream": "s0", "event": "e0"}] * (sched_mod.MAX_OPS + 1)),
+     "MAX_OPS"),
+    (lambda d: d.update(streams=[f"s{i}" for i in range(sched_mod.MAX_STREAMS + 1)]), "MAX_STREAMS"),
+    (lambda d: d.update(events=[f"e{i}" for i in range(sched_mod.MAX_EVENTS + 1)]), "MAX_EVENTS"),
+    (lambda d: d["buffers"][1]["layout"].update(layers=sched_mod.MAX_LAYERS + 1), "MAX_LAYERS"),
+    (lambda d: d["buffers"][1]["layout"].update(pages=2 ** 50), "MAX_BUFFER_BYTES"),
+])
+def test_limits_are_named_and_checked_before_expansion(mutate, limit):
+    doc = schedule_doc([])
+    mutate(doc)
+    t0 = time.perf_counter()
+    assert limit in err(doc)
+    assert time.perf_counter() - t0 < 2.0
+
+
+def test_total_indices_and_read_limits():
+    big = {"kind": "paged", "layers": 64, "pages": 1 << 20, "page_bytes": 8}
+    bufs = [{"name": "D", "location": "device", "layout": big},
+            {"name": "E", "location": "device", "layout": big}]
+    cp = {"op": "copy", "stream": "s0", "routine": "kernel_all_layer", "src": "D", "dst": "E",
+          "args": {"src_indices": {"start": 0, "count": 1 << 20}, "dst_indices": {"start": 0, "count": 1 << 20}}}
+    t0 = time.perf_counter()
+    assert "MAX_TOTAL_INDICES" in err(schedule_doc([cp], buffers=bufs))
+    assert time.perf_counter() - t0 < 2.0
+    rd = {"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": {"start": 0, "count": 1 << 17}}
+    assert "MAX_READ_EXTENTS" in err(schedule_doc([rd], buffers=bufs))
+    rd = {"op": "read", "stream": "s0", "buffer": "D", "ranges": [[0, 1 << 28]]}
+    assert "MAX_READ_BYTES" in err(schedule_doc([rd], buffers=bufs))
