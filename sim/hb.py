@@ -1,4 +1,5 @@
-"""Happens-before over a schedule's ops, and the latent races it leaves.
+"""Happens-before over a schedule's ops, the latent races it leaves, and the
+intra-launch races of single copies.
 
 Edges (never timing): consecutive ops of one stream; a ``record`` to every
 ``wait`` bound to it; a ``host_sync``'s targets to the ``host_sync``; a
@@ -9,10 +10,32 @@ the number of ops of stream ``s`` that happen before or at ``op``.
 (``networkx.shortest_path`` gives the chain that orders two ops) and for the
 differential test that keeps the two equal.
 
-A latent race: two ops whose byte accesses overlap on one buffer, at least one
-a write, with no happens-before path either way.  A copy reads its source
-extents and writes its destination extents (clipped to the buffers: bytes past
-the end are out-of-bounds writes, reported separately).
+**Latent race**: two different ops whose byte accesses overlap on one buffer,
+at least one of the two overlapping accesses a write, with no happens-before
+path either way.  A copy reads its source extents and writes its destination
+extents (clipped to the buffers: bytes past the end are out-of-bounds writes,
+reported separately).  There is one race per (buffer, op pair); its bytes are
+the union of the conflicting overlaps (write/write, write/read, read/write) of
+the two ops' accesses to that buffer.  ``race_scan`` finds them by sorting
+each buffer's access intervals and sweeping (only intervals whose bytes
+overlap are paired; accesses with identical interval sets are grouped, so k
+accesses of the same bytes cost one group, not k^2 interval pairs), tests
+happens-before for the candidate pairs with vectorised clock look-ups, counts
+every racing pair and lists at most ``limit`` of them.
+
+**Intra-launch race**: one copy whose items write the same destination bytes
+(two different items with overlapping clipped destination extents, the bytes
+read past the source included).  The items of one launch run concurrently
+(warps), so which item's bytes remain is not determined; the byte models
+apply "the later extent wins", which is only one of the possible outcomes.
+Overlapping extents of one item are in that item's program order (the later
+extent wins, deterministically) and are not races.  ``intra_launch_races``
+finds them per copy by sweeping each copy's per-item merged extents;
+``indeterminate_read_bytes`` follows those bytes through the happens-before
+order execution (the reference: every op alone, in issue order) to the reads
+that see them: a copy's racing destination bytes become indeterminate, a copy
+of indeterminate source bytes writes indeterminate bytes, and any other write
+of a byte (a ``write`` op, another copy's extent) makes it determinate again.
 """
 from __future__ import annotations
 
@@ -23,6 +46,11 @@ import numpy as np
 
 from sim.memory import clip_extents
 from sim.schedule import Schedule
+
+#: candidate pairs handled per vectorised step (bounds the temporary arrays)
+CHUNK_PAIRS = 1 << 21
+#: ranges kept per race entry (``starts``/``ends``); ``bytes`` and ``n_ranges`` cover all
+MAX_RACE_RANGES = 8
 
 
 class HappensBefore:
@@ -65,6 +93,20 @@ class HappensBefore:
     def concurrent(self, a: int, b: int) -> bool:
         return not self.ordered(a, b) and not self.ordered(b, a)
 
+    def stream_of(self) -> np.ndarray:
+        """Stream index of every op (-1 for host ops)."""
+        return np.array([-1 if op.stream is None else self.stream_idx[op.stream] for op in self.s.ops],
+                        dtype=np.int64)
+
+    def concurrent_many(self, a: np.ndarray, b: np.ndarray, stream: np.ndarray | None = None) -> np.ndarray:
+        """``concurrent(a[k], b[k])`` for every k, vectorised (stream ops only;
+        ``stream`` is ``stream_of()``, passed to avoid recomputing it)."""
+        stream = self.stream_of() if stream is None else stream
+        a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+        ab = self.clock[b, stream[a]] >= self.pos[a]
+        ba = self.clock[a, stream[b]] >= self.pos[b]
+        return ~ab & ~ba
+
 
 def hb_graph(schedule: Schedule) -> nx.DiGraph:
     """Happens-before as an explicit graph (nodes are op indices)."""
@@ -95,13 +137,19 @@ class Access:
     op: int
     buffer: str
     write: bool
-    starts: np.ndarray      # merged, sorted, disjoint
+    starts: np.ndarray      # merged, sorted, disjoint (touching runs merged)
     ends: np.ndarray
 
 
 def _merge(starts, lengths):
     starts = np.asarray(starts, np.int64)
     ends = starts + np.asarray(lengths, np.int64)
+    return _merge_intervals(starts, ends)
+
+
+def _merge_intervals(starts, ends):
+    """Union of intervals ``[starts, ends)``: sorted, disjoint, touching runs merged."""
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     keep = ends > starts
     starts, ends = starts[keep], ends[keep]
     if starts.size == 0:
@@ -127,38 +175,338 @@ def accesses(schedule: Schedule) -> list[Access]:
     return out
 
 
-def intersect(a: Access, b: Access):
-    """Intersection of two merged interval sets: (starts, ends)."""
-    lo = np.searchsorted(b.ends, a.starts, side="right")
-    hi = np.searchsorted(b.starts, a.ends, side="left")
+def _intersect_sets(a_starts, a_ends, b_starts, b_ends):
+    """Intersection of intervals ``a`` (any, sorted or not) with a merged interval
+    set ``b``: (starts, ends, index into a of each piece)."""
+    lo = np.searchsorted(b_ends, a_starts, side="right")
+    hi = np.searchsorted(b_starts, a_ends, side="left")
     counts = np.maximum(hi - lo, 0)
-    if counts.sum() == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    ai = np.repeat(np.arange(a.starts.size), counts)
-    bj = np.concatenate([np.arange(l, h) for l, h in zip(lo[counts > 0], hi[counts > 0])])
-    s = np.maximum(a.starts[ai], b.starts[bj])
-    e = np.minimum(a.ends[ai], b.ends[bj])
+    total = int(counts.sum())
+    if total == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    ai = np.repeat(np.arange(a_starts.size), counts)
+    bj = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)
+    s = np.maximum(a_starts[ai], b_starts[bj])
+    e = np.minimum(a_ends[ai], b_ends[bj])
     keep = e > s
-    return s[keep], e[keep]
+    return s[keep], e[keep], ai[keep]
 
 
-def latent_races(schedule: Schedule, hb: HappensBefore | None = None) -> list[dict]:
-    """Every unordered pair of conflicting accesses, one entry per (op pair, buffer)."""
+def intersect(a: Access, b: Access):
+    """Intersection of two merged interval sets: (starts, ends), merged."""
+    s, e, _ = _intersect_sets(a.starts, a.ends, b.starts, b.ends)
+    return s, e
+
+
+def _subtract(starts, ends, cut_starts, cut_ends):
+    """Merged set minus merged set (both sorted, disjoint): merged result."""
+    if starts.size == 0 or cut_starts.size == 0:
+        return starts, ends
+    # complement of the cut within [min, max), intersected with the set
+    lo = min(int(starts[0]), int(cut_starts[0]))
+    hi = max(int(ends[-1]), int(cut_ends[-1]))
+    comp_s = np.r_[lo, cut_ends]
+    comp_e = np.r_[cut_starts, hi]
+    keep = comp_e > comp_s
+    s, e, _ = _intersect_sets(starts, ends, comp_s[keep], comp_e[keep])
+    return _merge_intervals(s, e)
+
+
+@dataclass
+class RaceScan:
+    """What ``race_scan`` found: ``races`` lists at most ``limit`` racing pairs
+    (in order of buffer first access, then op pair), ``total`` counts all of them."""
+
+    races: list[dict]
+    total: int
+
+
+def _buffer_groups(accs: list[Access]):
+    """Group a buffer's accesses by identical interval sets.  Returns the
+    group of every access, the member access indices of every group, and
+    the groups' intervals sorted by start: (starts, ends, group)."""
+    gid: dict = {}
+    group_of = np.empty(len(accs), np.int64)
+    members: list[list[int]] = []
+    rep: list[int] = []
+    for k, acc in enumerate(accs):
+        key = (acc.starts.tobytes(), acc.ends.tobytes())
+        g = gid.get(key)
+        if g is None:
+            g = gid[key] = len(members)
+            members.append([])
+            rep.append(k)
+        group_of[k] = g
+        members[g].append(k)
+    sizes = np.array([accs[r].starts.size for r in rep], np.int64)
+    S = np.concatenate([accs[r].starts for r in rep])
+    E = np.concatenate([accs[r].ends for r in rep])
+    G = np.repeat(np.arange(len(rep), dtype=np.int64), sizes)
+    order = np.argsort(S, kind="stable")
+    return group_of, [np.array(m, np.int64) for m in members], S[order], E[order], G[order]
+
+
+def _overlapping_group_pairs(S, E, G, n_groups: int) -> np.ndarray:
+    """Distinct pairs of groups whose intervals overlap, as keys ``g1 * n + g2``
+    with g1 < g2 (intervals sorted by start; one group's intervals are disjoint)."""
+    hi = np.searchsorted(S, E, side="left")          # intervals i+1..hi-1 start inside interval i
+    counts = hi - np.arange(S.size) - 1
+    keys = []
+    cum = np.cumsum(counts)
+    i0 = 0
+    while i0 < S.size:
+        # take intervals i0..i1-1 whose candidate count fits one chunk (at least one interval)
+        base = cum[i0 - 1] if i0 else 0
+        i1 = max(i0 + 1, int(np.searchsorted(cum, base + CHUNK_PAIRS, side="right")))
+        c = counts[i0:i1]
+        tot = int(c.sum())
+        if tot:
+            ii = np.repeat(np.arange(i0, i1), c)
+            jj = ii + 1 + (np.arange(tot) - np.repeat(np.cumsum(c) - c, c))
+            ga, gb = G[ii], G[jj]
+            keys.append(np.unique(np.minimum(ga, gb) * n_groups + np.maximum(ga, gb)))
+        i0 = i1
+    if not keys:
+        return np.zeros(0, np.int64)
+    return np.unique(np.concatenate(keys))
+
+
+def _expand_group_pairs(g1, g2, members):
+    """Yield (ia, ib) arrays of access indices (into the buffer's access list):
+    every member pair of every group pair (g1 == g2: each unordered pair once),
+    about CHUNK_PAIRS at a time (one row of a larger group pair at a time)."""
+    buf_a, buf_b, held = [], [], 0
+    for x, y in zip(g1.tolist(), g2.tolist()):
+        a_m, b_m = members[x], members[y]
+        if x == y:
+            n = a_m.size * (a_m.size - 1) // 2
+        else:
+            n = a_m.size * b_m.size
+        if n == 0:
+            continue
+        if n <= CHUNK_PAIRS:
+            if x == y:
+                iu, ju = np.triu_indices(a_m.size, 1)
+                parts = [(a_m[iu], a_m[ju])]
+            else:
+                parts = [(np.repeat(a_m, b_m.size), np.tile(b_m, a_m.size))]
+        elif x == y:
+            parts = ((np.full(a_m.size - r - 1, a_m[r]), a_m[r + 1:]) for r in range(a_m.size - 1))
+        else:
+            parts = ((np.full(b_m.size, a_m[r]), b_m) for r in range(a_m.size))
+        for pa, pb in parts:
+            buf_a.append(pa)
+            buf_b.append(pb)
+            held += pa.size
+            if held >= CHUNK_PAIRS:
+                yield np.concatenate(buf_a), np.concatenate(buf_b)
+                buf_a, buf_b, held = [], [], 0
+    if held:
+        yield np.concatenate(buf_a), np.concatenate(buf_b)
+
+
+def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | None = None) -> RaceScan:
+    """Every latent race (see the module doc): the count of racing (buffer, op
+    pair)s and the first ``limit`` of them (``None``: all), each a dict with
+    ``buffer``; ``a``, ``b`` (the ``Access`` of the earlier and the later op,
+    the first conflicting access pair); ``ops`` (op indices, a < b); ``bytes``
+    (conflicting bytes, all ranges); ``n_ranges``; ``starts``/``ends`` (the
+    first ``MAX_RACE_RANGES`` merged ranges, ``limit=None``: all of them).
+
+    Cost per buffer: sorting its intervals, the overlapping interval pairs of
+    distinct interval sets, and one vectorised happens-before test per
+    overlapping access pair (chunked, so memory holds the distinct
+    overlapping interval-set pairs and one chunk, never all access pairs)."""
     hb = hb or HappensBefore(schedule)
+    stream = hb.stream_of()
+    n_ops = len(schedule.ops)
     by_buffer: dict[str, list[Access]] = {}
     for acc in accesses(schedule):
         if acc.starts.size:
             by_buffer.setdefault(acc.buffer, []).append(acc)
-    races = []
+    listed: list[dict] = []
+    total = 0
     for buf, accs in by_buffer.items():
-        for i in range(len(accs)):
-            for j in range(i + 1, len(accs)):
-                a, b = accs[i], accs[j]
-                if a.op == b.op or not (a.write or b.write) or not hb.concurrent(a.op, b.op):
+        group_of, members, S, E, G = _buffer_groups(accs)
+        n_groups = len(members)
+        keys = _overlapping_group_pairs(S, E, G, n_groups)
+        multi = np.array([m.size > 1 for m in members])
+        self_pairs = np.flatnonzero(multi)
+        g1 = np.r_[keys // n_groups, self_pairs].astype(np.int64)
+        g2 = np.r_[keys % n_groups, self_pairs].astype(np.int64)
+        op_of = np.array([a.op for a in accs], np.int64)
+        write = np.array([a.write for a in accs], bool)
+        # ops with two accesses to this buffer (a copy within one buffer) may race another op twice
+        ops_seen, dual_ops = set(), set()
+        for a in accs:
+            (dual_ops if a.op in ops_seen else ops_seen).add(a.op)
+        dual = np.zeros(n_ops, bool)
+        dual[list(dual_ops)] = True
+        want = None if limit is None else max(0, limit - len(listed))
+        best = np.zeros(0, np.int64)          # smallest racing op-pair keys (want of them)
+        dual_keys = []
+        for ia, ib in _expand_group_pairs(g1, g2, members):
+            oa, ob = op_of[ia], op_of[ib]
+            ok = (oa != ob) & (write[ia] | write[ib])
+            ok[ok] = hb.concurrent_many(oa[ok], ob[ok], stream)
+            lo, hi = np.minimum(oa[ok], ob[ok]), np.maximum(oa[ok], ob[ok])
+            k = lo * n_ops + hi
+            d = dual[lo] | dual[hi]
+            if d.any():
+                dual_keys.append(k[d])
+                k = k[~d]
+            total += int(k.size)
+            if want is None or want > 0:
+                best = np.concatenate([best, k])
+                if want is not None and best.size > want:
+                    best = np.partition(best, want - 1)[:want]
+        if dual_keys:
+            dk = np.unique(np.concatenate(dual_keys))
+            total += int(dk.size)
+            best = np.concatenate([best, dk])
+        best = np.sort(best)
+        if want is not None:
+            best = best[:want]
+        if best.size:
+            listed.extend(_race_entries(buf, accs, best // n_ops, best % n_ops, limit is None))
+    return RaceScan(listed, total)
+
+
+def _race_entries(buf, accs, op_a, op_b, all_ranges: bool) -> list[dict]:
+    by_op: dict[int, list[Access]] = {}
+    for acc in accs:
+        by_op.setdefault(acc.op, []).append(acc)
+    out = []
+    for a_op, b_op in zip(op_a.tolist(), op_b.tolist()):
+        pieces_s, pieces_e, first = [], [], None
+        for x in by_op[a_op]:
+            for y in by_op[b_op]:
+                if not (x.write or y.write):
                     continue
-                s, e = intersect(a, b)
-                if s.size == 0:
-                    continue
-                races.append({"buffer": buf, "a": a, "b": b, "starts": s, "ends": e,
-                              "bytes": int((e - s).sum())})
-    return races
+                s, e = intersect(x, y)
+                if s.size:
+                    pieces_s.append(s)
+                    pieces_e.append(e)
+                    first = first or (x, y)
+        s, e = _merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
+        n = None if all_ranges else MAX_RACE_RANGES
+        out.append({"buffer": buf, "a": first[0], "b": first[1], "ops": (a_op, b_op),
+                    "starts": s[:n], "ends": e[:n], "n_ranges": int(s.size),
+                    "bytes": int((e - s).sum())})
+    return out
+
+
+def latent_races(schedule: Schedule, hb: HappensBefore | None = None, limit: int | None = None) -> list[dict]:
+    """The racing (buffer, op pair)s of ``race_scan``, at most ``limit``
+    (``None``: all, each with all its ranges)."""
+    return race_scan(schedule, hb, limit).races
+
+
+# ----------------------------------------------------------------------------
+# intra-launch races
+
+def _per_item_union(dst, end, item):
+    """Union of each item's destination intervals: (starts, ends, item), sorted by start."""
+    keep = end > dst
+    dst, end, item = dst[keep], end[keep], item[keep]
+    if dst.size == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, z
+    order = np.lexsort((dst, item))
+    dst, end, item = dst[order], end[order], item[order]
+    # a grouped running maximum of the ends: offset each item's ends above all
+    # earlier items' (items ranked densely, so rank * span stays far from int64's limit)
+    lo_bound = int(dst.min())
+    span = np.int64(int(end.max()) - lo_bound + 1)
+    rank = np.cumsum(np.r_[0, item[1:] != item[:-1]]).astype(np.int64)
+    run_end = np.maximum.accumulate(rank * span + (end - lo_bound)) - rank * span + lo_bound
+    new = np.r_[True, (item[1:] != item[:-1]) | (dst[1:] > run_end[:-1])]
+    idx = np.flatnonzero(new)
+    s, e, it = dst[idx], np.maximum.reduceat(run_end, idx), item[idx]
+    order = np.argsort(s, kind="stable")
+    return s[order], e[order], it[order]
+
+
+def double_written(dst, end, item):
+    """Destination bytes written by more than one item: merged (starts, ends)
+    and, per range, the sorted items that write some of its bytes."""
+    dst, end, item = (np.asarray(a, np.int64) for a in (dst, end, item))
+    s, e, it = _per_item_union(dst, end, item)
+    z = np.zeros(0, np.int64)
+    if s.size < 2:
+        return z, z, []
+    bounds = np.r_[s, e]
+    delta = np.r_[np.ones(s.size, np.int64), -np.ones(e.size, np.int64)]
+    order = np.argsort(bounds, kind="stable")
+    bounds, delta = bounds[order], delta[order]
+    x, first = np.unique(bounds, return_index=True)
+    cover = np.cumsum(delta)[np.r_[first[1:] - 1, bounds.size - 1]]   # coverage from x[k] to x[k+1]
+    multi = cover[:-1] >= 2
+    if not multi.any():
+        return z, z, []
+    rs, re_ = _merge_intervals(x[:-1][multi], x[1:][multi])
+    ps, pe, pi = _intersect_sets(s, e, rs, re_)
+    rng = np.searchsorted(re_, ps, side="right")
+    pairs = np.unique(np.stack([rng, it[pi]], axis=1), axis=0)
+    cuts = np.searchsorted(pairs[:, 0], np.arange(1, rs.size))
+    return rs, re_, np.split(pairs[:, 1], cuts)
+
+
+def intra_launch_races(schedule: Schedule) -> list[dict]:
+    """Per copy whose items double-write destination bytes: ``op`` (index),
+    ``buffer`` (destination), ``starts``/``ends`` (all merged double-written
+    ranges), ``bytes``, ``items`` (per range, the items writing into it) and
+    ``clipped`` (the copy's clipped extents)."""
+    out = []
+    for op in schedule.ops:
+        if op.op != "copy":
+            continue
+        src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
+        c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+        if np.unique(c.item).size < 2:
+            continue
+        rs, re_, items = double_written(c.dst, c.dst + c.fill_end, c.item)
+        if rs.size:
+            out.append({"op": op.index, "buffer": op.dst, "starts": rs, "ends": re_,
+                        "bytes": int((re_ - rs).sum()), "items": items, "clipped": c})
+    return out
+
+
+def indeterminate_read_bytes(schedule: Schedule, intra: list[dict] | None = None) -> dict[int, tuple]:
+    """For every read (op index): the buffer bytes it reads that are
+    indeterminate in the happens-before-order execution (see the module doc),
+    as merged (starts, ends); reads with none are left out."""
+    intra = intra_launch_races(schedule) if intra is None else intra
+    if not intra:
+        return {}
+    racy = {r["op"]: r for r in intra}
+    z = np.zeros(0, np.int64)
+    state: dict[str, tuple] = {}            # buffer -> merged indeterminate (starts, ends)
+    out = {}
+    for op in schedule.ops:
+        if op.op == "copy":
+            src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
+            c = racy[op.index]["clipped"] if op.index in racy else clip_extents(op.plan.extents, src.nbytes,
+                                                                               dst.nbytes)
+            ss, se = state.get(op.src, (z, z))
+            # indeterminate source bytes that are copied, at their destination
+            ps, pe, pi = _intersect_sets(c.src, c.src + c.copy_len, ss, se)
+            moved_s, moved_e = ps + (c.dst - c.src)[pi], pe + (c.dst - c.src)[pi]
+            ds, de = state.get(op.dst, (z, z))
+            ws, we = _merge_intervals(c.dst, c.dst + c.fill_end)
+            ds, de = _subtract(ds, de, ws, we)
+            add_s, add_e = [ds, moved_s], [de, moved_e]
+            if op.index in racy:
+                add_s.append(racy[op.index]["starts"])
+                add_e.append(racy[op.index]["ends"])
+            state[op.dst] = _merge_intervals(np.concatenate(add_s), np.concatenate(add_e))
+        elif op.op == "write" and op.buffer in state:
+            ws, we = _merge(*op.extents)
+            state[op.buffer] = _subtract(*state[op.buffer], ws, we)
+        elif op.op == "read" and op.buffer in state:
+            rs, re_ = _merge(*op.extents)
+            s, e, _ = _intersect_sets(rs, re_, *state[op.buffer])
+            if s.size:
+                out[op.index] = _merge_intervals(s, e)
+    return out
