@@ -11,8 +11,10 @@ landing (``torn=False``).  The transform checks that by simulating its own
 output.
 
 **Free replay** (:func:`possible_provenance`): the schedule runs unchanged many
-times; each observed read must consist, word by word, of bytes the read's
-position holds at some point of the happens-before-order execution (old or new).
+times; each observed read must consist, word by word, of values the read's
+position may hold under some timing: the initial bytes or what any write or
+copy not ordered after the read can leave there (a sound over-approximation
+built from happens-before; see the function).
 """
 from __future__ import annotations
 
@@ -222,41 +224,282 @@ def _verify(s: Schedule, run: RunResult, doc: dict) -> None:
             raise ReplayError(f"controlled schedule does not reproduce read {r.op_id}")
 
 
-def possible_provenance(s: Schedule) -> dict[str, list]:
-    """For every read: the views of its bytes at each point of the happens-before
-    order execution (before and after every op that writes the buffer).  A free
-    replay's read is plausible when each 8-byte word equals one of these states'
-    words at the same position."""
-    mem = Memory(s.buffers, materialise=True)
-    states: dict[str, list] = {}
-    reads = [op for op in s.ops if op.op == "read"]
-    snap = {op.id: [] for op in reads}
+class ReadStates(list):
+    """The candidate words of one read, as a list of byte arrays of the read's length.
 
-    def record():
-        for op in reads:
-            offs, lens = op.extents
-            snap[op.id].append(np.concatenate([mem.view(op.buffer, int(o), int(n)).bytes()
-                                               for o, n in zip(offs, lens)]))
-    record()
+    Word ``k`` (bytes ``8k..8k+8`` of the read's concatenated extents) of state
+    ``j`` is the ``j``-th value that word may hold (repeated when it has fewer).
+    ``wild[k]``: the word is not constrained (any value is plausible: see
+    :func:`possible_provenance` for when).  ``bytewise[k]``: a copy that may be in
+    flight across the read writes that word with a byte-granular prefix, so each
+    byte may come from a different candidate.
+    """
+
+    def __init__(self, states, wild: np.ndarray, bytewise: np.ndarray):
+        super().__init__(states)
+        self.wild = wild
+        self.bytewise = bytewise
+
+
+def _pairs(pos, val):
+    """Sorted, de-duplicated (word position, word value) pairs."""
+    pos = np.asarray(pos, np.int64)
+    val = np.asarray(val, np.uint64)
+    if pos.size == 0:
+        return pos, val
+    order = np.lexsort((val, pos))
+    pos, val = pos[order], val[order]
+    keep = np.r_[True, (pos[1:] != pos[:-1]) | (val[1:] != val[:-1])]
+    return pos[keep], val[keep]
+
+
+def _cat(parts):
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+    return _pairs(np.concatenate([p for p, _ in parts]), np.concatenate([v for _, v in parts]))
+
+
+def _covered_words(starts, lengths, n_words: int):
+    """(full, touched): words whose 8 bytes all lie in the union of the ranges,
+    and words with at least one byte in it."""
+    nb = n_words * 8
+    cov = np.zeros(nb + 1, np.int64)
+    s = np.clip(np.asarray(starts, np.int64), 0, nb)
+    e = np.clip(np.asarray(starts, np.int64) + np.asarray(lengths, np.int64), 0, nb)
+    m = e > s
+    np.add.at(cov, s[m], 1)
+    np.add.at(cov, e[m], -1)
+    inside = (np.cumsum(cov)[:nb] > 0).reshape(n_words, 8)
+    return inside.all(1), inside.any(1)
+
+
+def _words_inside(starts, lengths, n_words: int):
+    """Per range: the words wholly inside it, as (range index, word) arrays."""
+    s = np.asarray(starts, np.int64)
+    e = np.minimum(s + np.asarray(lengths, np.int64), n_words * 8)
+    w0 = -(-s // 8)
+    w1 = np.maximum(e // 8, w0)
+    cnt = w1 - w0
+    idx = np.repeat(np.arange(s.size), cnt)
+    first = np.repeat(w0, cnt)
+    off = np.arange(idx.size) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    return idx, first + off
+
+
+@dataclass
+class _Writer:
+    """What one ``write`` or ``copy`` op can leave in its destination buffer's words."""
+
+    op: int
+    buffer: str
+    full: np.ndarray                # words it overwrites entirely (whatever the timing)
+    const: tuple                    # (pos, val): words whose value does not depend on timing
+    wild: np.ndarray                # words it leaves part-written or misaligned (unconstrained)
+    bytewise: np.ndarray            # words a read may see with a byte-granular prefix landed
+    src: str | None = None          # copy: source buffer and word map (source word -> dest word)
+    map_src: np.ndarray | None = None
+    map_dst: np.ndarray | None = None
+
+
+def _writers(s: Schedule, n_words: dict) -> list[_Writer]:
+    from sim.bytes.compact import pattern_runs
+    from sim.bytes.material import MaterialBuffer
+    from sim.bytes.pattern import Origin
+    from sim.memory import oob_origin
+
+    out = []
     for op in s.ops:
-        if op.op == "copy":
+        if op.op == "write":
+            nw = n_words[op.buffer]
+            offs, lens = (np.asarray(a, np.int64) for a in op.extents)
+            spec = s.buffers[op.buffer]
+            mat = MaterialBuffer(spec.nbytes)
+            origin = Origin(spec.kind, op.layer, op.owner, op.version, spec.layout.unit_bytes)
+            mat.fill(offs, lens, origin, np.asarray(op.units, np.int64) * spec.layout.unit_bytes)
+            full, touched = _covered_words(offs, lens, nw)
+            words = mat.data[:nw * 8].view("<u8")
+            pos = np.flatnonzero(full)
+            out.append(_Writer(op.index, op.buffer, full, (pos, words[pos].astype(np.uint64)),
+                               touched & ~full, np.zeros(nw, bool)))
+        elif op.op == "copy":
+            nw = n_words[op.dst]
             src, dst = s.buffers[op.src], s.buffers[op.dst]
-            mem.apply_copy(op.src, op.dst, clip_extents(op.plan.extents, src.nbytes, dst.nbytes))
-            record()
-        elif op.op == "write":
-            offs, lens = op.extents
-            mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
-            record()
-    for k, v in snap.items():
-        states[k] = v
-    return states
+            c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+            full, touched = _covered_words(c.dst, c.fill_end, nw)
+            # bytes read past the source: the oob origin's bytes, whatever the timing
+            f = c.fill_end > c.fill_start
+            fpos, fval = np.zeros(0, np.int64), np.zeros(0, np.uint64)
+            fill_full = np.zeros(nw, bool)
+            if f.any():
+                fs, fl = c.dst[f] + c.fill_start[f], (c.fill_end - c.fill_start)[f]
+                data = pattern_runs(oob_origin(op.src), c.src[f] + c.fill_start[f] - c.src_nbytes, fl)
+                base = np.cumsum(fl) - fl
+                i, w = _words_inside(fs, fl, nw)
+                at = base[i] + 8 * w - fs[i]
+                fval = data[at[:, None] + np.arange(8)].copy().view("<u8").reshape(-1).astype(np.uint64)
+                fpos = w
+                fill_full[w] = True
+            # copied bytes: dest word w <- source word w - shift when the shift is whole words
+            m = c.copy_len > 0
+            aligned = m & ((c.dst - c.src) % 8 == 0)
+            i, w = _words_inside(c.dst[aligned], c.copy_len[aligned], nw)
+            shift = ((c.dst - c.src)[aligned] // 8)[i]
+            src_w = w - shift
+            ok = (src_w >= 0) & (src_w < n_words[op.src])
+            mapped = np.zeros(nw, bool)
+            mapped[w[ok]] = True
+            # every other word it touches is part-written (or mixes two source words): unconstrained
+            wild = touched & ~mapped & ~fill_full
+            chunk = int(op.plan.launch.chunk_bytes)
+            clean_prefix = (chunk % 8 == 0 and bool(np.all(c.dst % 8 == 0))
+                            and bool(np.all(c.length % 8 == 0)))
+            bytewise = touched.copy() if not clean_prefix else np.zeros(nw, bool)
+            out.append(_Writer(op.index, op.dst, full, (fpos, fval), wild, bytewise,
+                               op.src, src_w[ok], w[ok]))
+    return out
+
+
+def possible_provenance(s: Schedule) -> dict[str, ReadStates]:
+    """For every read: the 8-byte words each position may hold under some timing.
+
+    Sound over-approximation from happens-before (``hb``), per read or copy
+    ``X`` that reads word ``p`` of buffer ``B``:
+
+    * the initial word, unless some write or copy ``W2`` with ``W2 hb X``
+      overwrites the whole word;
+    * for every writer ``W`` of ``B`` that does not happen after ``X`` (a copy
+      also counts for its own source), each value ``W`` can leave at ``p``,
+      unless some ``W2 != W`` with ``W hb W2 hb X`` overwrites the whole word;
+    * a write leaves its pattern bytes; a copy leaves, at each destination word,
+      any value its source word may hold when the copy reads it (the same rule
+      with ``X`` the copy: any state of the source not happens-after the copy),
+      and the ``oob:<source>`` bytes where it reads past the source.  Items of
+      one copy that overlap on the destination each contribute their values.
+
+    The copy rule is recursive (copies may feed each other); the sets are the
+    least fixed point, reached by iterating from the timing-independent values.
+    A word is unconstrained (``wild``) where a writer leaves it part-written or
+    a copy moves it by a shift that is not a whole number of words; a word is
+    checked byte by byte (``bytewise``) where a copy that may be in flight
+    lands a byte-granular or unaligned prefix (``cudaMemcpyAsync`` runs,
+    unaligned extents).  Any outcome any simulated timing, tie order or compute
+    duration can produce is therefore plausible; the check still rejects every
+    word no writer could have put there.
+    """
+    hb = HappensBefore(s)
+    init = Memory(s.buffers, materialise=True)
+    n_words = {name: spec.nbytes // 8 for name, spec in s.buffers.items()}
+    init_words = {name: init.final_bytes(name)[:n_words[name] * 8].view("<u8").astype(np.uint64)
+                  for name in s.buffers}
+    writers = _writers(s, n_words)
+    by_buffer: dict[str, list[_Writer]] = {}
+    for w in writers:
+        by_buffer.setdefault(w.buffer, []).append(w)
+    out = {w.op: (w.const, w.wild) for w in writers}
+
+    def before(a: int, b: int) -> bool:
+        return a != b and hb.ordered(a, b)
+
+    def candidates(buf: str, x: int):
+        nw = n_words[buf]
+        ws = by_buffer.get(buf, [])
+        prior = [w for w in ws if before(w.op, x)]
+        gone = np.zeros(nw, bool)
+        for w in prior:
+            gone |= w.full
+        keep = np.flatnonzero(~gone)
+        parts = [(keep, init_words[buf][keep])]
+        wild = np.zeros(nw, bool)
+        for w in ws:
+            if before(x, w.op):
+                continue
+            kill = np.zeros(nw, bool)
+            for w2 in prior:
+                if w2.op != w.op and before(w.op, w2.op):
+                    kill |= w2.full
+            (pos, val), wwild = out[w.op]
+            k = ~kill[pos]
+            parts.append((pos[k], val[k]))
+            wild |= wwild & ~kill
+        pos, val = _cat(parts)
+        return pos, val, wild
+
+    copies = [w for w in writers if w.src is not None]
+    for _ in range(10_000):
+        changed = False
+        for w in copies:
+            pos, val, swild = candidates(w.src, w.op)
+            # join the source pairs with the word map (many-to-many)
+            order = np.argsort(w.map_src, kind="stable")
+            msrc, mdst = w.map_src[order], w.map_dst[order]
+            lo = np.searchsorted(pos, msrc, side="left")
+            hi = np.searchsorted(pos, msrc, side="right")
+            cnt = hi - lo
+            take = np.repeat(lo, cnt) + (np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt))
+            new = _cat([w.const, (np.repeat(mdst, cnt), val[take])])
+            wild = w.wild.copy()
+            wild[mdst[swild[msrc]]] = True
+            (old_pos, _), old_wild = out[w.op]
+            if new[0].size != old_pos.size or not np.array_equal(wild, old_wild):
+                changed = True
+            out[w.op] = (new, wild)
+        if not changed:
+            break
+    else:  # the sets only grow and are finite: cannot happen
+        raise AssertionError("possible_provenance did not reach a fixed point")
+
+    result = {}
+    for op in s.ops:
+        if op.op != "read":
+            continue
+        pos, val, wild_b = candidates(op.buffer, op.index)
+        nw = n_words[op.buffer]
+        offs, lens = (np.asarray(a, np.int64) for a in op.extents)
+        at = np.repeat(offs - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        k_words = at.size // 8
+        first = at[:k_words * 8].reshape(k_words, 8) if k_words else np.zeros((0, 8), np.int64)
+        bw = first[:, 0] // 8
+        aligned = (first[:, 0] % 8 == 0) & np.all(first == first[:, :1] + np.arange(8), axis=1) & (bw < nw)
+        bw = np.where(aligned, bw, 0)
+        lo = np.searchsorted(pos, bw, side="left")
+        cnt = np.searchsorted(pos, bw, side="right") - lo
+        m = max(1, int(cnt.max())) if cnt.size else 1
+        states = []
+        for j in range(m):
+            vals = np.zeros(k_words, np.uint64)
+            has = cnt > 0
+            vals[has] = val[lo[has] + np.minimum(j, cnt[has] - 1)]
+            st = np.zeros(int(lens.sum()), np.uint8)
+            st[:k_words * 8] = vals.astype("<u8").view(np.uint8)
+            states.append(st)
+        wild = ~aligned | wild_b[bw]
+        byte_w = np.zeros(nw, bool)
+        for w in by_buffer.get(op.buffer, []):
+            if not before(w.op, op.index) and not before(op.index, w.op):
+                byte_w |= w.bytewise
+        bytewise = aligned & byte_w[bw]
+        result[op.id] = ReadStates(states, wild, bytewise)
+    return result
 
 
 def plausible_words(observed: np.ndarray, states: list[np.ndarray]) -> np.ndarray:
-    """Per 8-byte word of a read: does it equal that word in one of the states?"""
+    """Per 8-byte word of a read: does it equal that word in one of the states?
+
+    With :class:`ReadStates`, a ``wild`` word is always plausible and a
+    ``bytewise`` word is plausible when each of its bytes equals that byte in
+    some state."""
     n = observed.size // 8 * 8
     obs = observed[:n].view("<u8")
     ok = np.zeros(obs.size, bool)
     for st in states:
         ok |= obs == st[:n].view("<u8")
+    wild = getattr(states, "wild", None)
+    if wild is not None:
+        ok |= wild[:obs.size]
+        bytewise = states.bytewise[:obs.size]
+        if bytewise.any():
+            byte_ok = np.zeros(n, bool)
+            for st in states:
+                byte_ok |= observed[:n] == st[:n]
+            ok |= bytewise & byte_ok.reshape(-1, 8).all(1)
     return ok

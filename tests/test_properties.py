@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sim.errors import InputError
 from sim.executor import TieBreak, run_reference, run_schedule
 from sim.hb import HappensBefore, hb_graph, latent_races
+from sim.replay import plausible_words, possible_provenance
 from sim.schedule import validate
 from sim.transfers.timing import LinkTiming, item_times
 from sim.verdicts import analyse
@@ -147,3 +148,21 @@ def test_deep_race_free_schedules_are_timing_independent(doc, data):
 @given(broken())
 def test_deep_invalid_schedules_never_traceback(doc):
     test_invalid_schedules_raise_named_input_errors_never_tracebacks.hypothesis.inner_test(doc)
+
+
+@FAST
+@given(schedules(), st.data())
+def test_every_simulated_read_is_plausible_in_free_mode(doc, data):
+    """Free replay's rule (sim.replay.possible_provenance): whatever timing, tie
+    order, compute jitter or torn landing the simulator picks, each 8-byte word
+    of each read is one the free-mode check accepts."""
+    s = validate(doc)
+    states = possible_provenance(s)
+    for _ in range(3):
+        prof = data.draw(timings)
+        run = run_schedule(s, prof, seed=data.draw(st.integers(0, 99)),
+                           ties=TieBreak("seeded", seed=data.draw(st.integers(0, 2**16))),
+                           torn=data.draw(st.booleans()))
+        for r in run.reads:
+            ok = plausible_words(r.bytes(), states[r.op_id])
+            assert ok.all(), (r.op_id, int((~ok).sum()))
