@@ -428,14 +428,45 @@ def _per_item_union(dst, end, item):
     return s[order], e[order], it[order]
 
 
-def double_written(dst, end, item):
-    """Destination bytes written by more than one item: merged (starts, ends)
-    and, per range, the sorted items that write some of its bytes."""
+@dataclass
+class DoubleWritten:
+    """Destination bytes of one copy written by more than one item.
+
+    ``starts``/``ends``: the merged ranges; ``items[k]``: the sorted items
+    writing some byte of range k.  ``piece_starts``/``piece_ends``: the same
+    bytes cut where the set of writers changes; ``piece_items[k]``: the items
+    writing every byte of piece k (at least two): the candidates for its bytes."""
+
+    starts: np.ndarray
+    ends: np.ndarray
+    items: list
+    piece_starts: np.ndarray
+    piece_ends: np.ndarray
+    piece_items: list
+
+    @property
+    def nbytes(self) -> int:
+        return int((self.ends - self.starts).sum())
+
+
+def _items_per_range(s, e, it, rs, re_):
+    """For merged ranges (rs, re_): the sorted distinct items whose intervals overlap each."""
+    ps, _, pi = _intersect_sets(s, e, rs, re_)
+    rng = np.searchsorted(re_, ps, side="right")
+    pairs = np.unique(np.stack([rng, it[pi]], axis=1), axis=0)
+    cuts = np.searchsorted(pairs[:, 0], np.arange(1, rs.size))
+    return np.split(pairs[:, 1], cuts)
+
+
+def double_written(dst, end, item) -> DoubleWritten:
+    """The bytes of ``[dst, end)`` (one interval per extent) covered by the
+    extents of more than one ``item``: a sweep over the per-item unions."""
     dst, end, item = (np.asarray(a, np.int64) for a in (dst, end, item))
     s, e, it = _per_item_union(dst, end, item)
     z = np.zeros(0, np.int64)
+    none = DoubleWritten(z, z, [], z, z, [])
     if s.size < 2:
-        return z, z, []
+        return none
     bounds = np.r_[s, e]
     delta = np.r_[np.ones(s.size, np.int64), -np.ones(e.size, np.int64)]
     order = np.argsort(bounds, kind="stable")
@@ -444,20 +475,19 @@ def double_written(dst, end, item):
     cover = np.cumsum(delta)[np.r_[first[1:] - 1, bounds.size - 1]]   # coverage from x[k] to x[k+1]
     multi = cover[:-1] >= 2
     if not multi.any():
-        return z, z, []
-    rs, re_ = _merge_intervals(x[:-1][multi], x[1:][multi])
-    ps, pe, pi = _intersect_sets(s, e, rs, re_)
-    rng = np.searchsorted(re_, ps, side="right")
-    pairs = np.unique(np.stack([rng, it[pi]], axis=1), axis=0)
-    cuts = np.searchsorted(pairs[:, 0], np.arange(1, rs.size))
-    return rs, re_, np.split(pairs[:, 1], cuts)
+        return none
+    ps, pe = x[:-1][multi], x[1:][multi]           # elementary pieces: one writer set each
+    rs, re_ = _merge_intervals(ps, pe)
+    return DoubleWritten(rs, re_, _items_per_range(s, e, it, rs, re_),
+                         ps, pe, _items_per_range(s, e, it, ps, pe))
 
 
 def intra_launch_races(schedule: Schedule) -> list[dict]:
     """Per copy whose items double-write destination bytes: ``op`` (index),
     ``buffer`` (destination), ``starts``/``ends`` (all merged double-written
-    ranges), ``bytes``, ``items`` (per range, the items writing into it) and
-    ``clipped`` (the copy's clipped extents)."""
+    ranges), ``bytes``, ``items`` (per range, the items writing into it),
+    ``written`` (the :class:`DoubleWritten`, with the pieces of constant writer
+    set) and ``clipped`` (the copy's clipped extents)."""
     out = []
     for op in schedule.ops:
         if op.op != "copy":
@@ -466,10 +496,10 @@ def intra_launch_races(schedule: Schedule) -> list[dict]:
         c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
         if np.unique(c.item).size < 2:
             continue
-        rs, re_, items = double_written(c.dst, c.dst + c.fill_end, c.item)
-        if rs.size:
-            out.append({"op": op.index, "buffer": op.dst, "starts": rs, "ends": re_,
-                        "bytes": int((re_ - rs).sum()), "items": items, "clipped": c})
+        dw = double_written(c.dst, c.dst + c.fill_end, c.item)
+        if dw.starts.size:
+            out.append({"op": op.index, "buffer": op.dst, "starts": dw.starts, "ends": dw.ends,
+                        "bytes": dw.nbytes, "items": dw.items, "written": dw, "clipped": c})
     return out
 
 

@@ -6,7 +6,25 @@
   both expected and unexpected bytes (it saw a copy part-way through an item),
   else ``stale`` (every unit it saw is wholly old or wholly foreign).
 * **latent race**: see ``sim.hb``; reported whether or not this run's timing
-  made it manifest.
+  made it manifest.  ``latent_races`` lists at most ``race_limit`` racing
+  (buffer, op pair)s (default ``RACE_LIMIT``; ``None``: all);
+  ``latent_races_total`` counts all of them.
+* **intra-launch race**: a copy whose items write the same destination bytes
+  (see ``sim.hb``).  Which item's bytes remain is not determined (the warps of
+  one launch are concurrent; on an H200 ``transfer_cache_dsv4_mla`` over two
+  layers of a 256 B/token buffer leaves different bytes from launch to
+  launch).  ``intra_launch_races`` lists each such copy with its double-written
+  ranges and, for the first pieces (bytes with one set of writers), the
+  candidate writers: each item and the
+  provenance it would leave there (its source bytes in the happens-before-order
+  execution).  The byte models' "later extent wins" is one of the outcomes,
+  never a prediction.
+* **indeterminate bytes**: a read's bytes that hold an intra-launch race's
+  outcome in the happens-before-order execution (propagated through later
+  copies; any other write makes them determinate again).  The comparison with
+  the reference ignores them (``bytes_indeterminate`` counts them): a read
+  whose determinate bytes all match is ``indeterminate`` (not ``ok``) when it
+  has any; ``stale``/``torn`` are decided on the determinate bytes alone.
 * **out-of-bounds write**: a copy extent that leaves its destination (or reads
   past its source), with the neighbour it would hit.
 
@@ -21,10 +39,14 @@ import numpy as np
 
 from sim.bytes.describe import describe
 from sim.executor import RunResult, run_reference
-from sim.hb import HappensBefore, accesses, latent_races
-from sim.memory import Memory
+from sim.hb import HappensBefore, accesses, indeterminate_read_bytes, intra_launch_races, race_scan
+from sim.memory import Memory, clip_extents, oob_origin
 
 MAX_DESCRIBE = 16
+#: racing (buffer, op pair)s listed in the report by default; all are counted
+RACE_LIMIT = 1000
+#: per intra-launch race: ranges listed, ranges whose candidate writers are described, writers per range
+INTRA_RANGES, INTRA_DESCRIBED_RANGES, INTRA_WRITERS = 8, 4, 8
 
 
 def _describe(buf, offset: int, nbytes: int, base: int = 0, max_items=MAX_DESCRIBE) -> list[dict]:
@@ -64,21 +86,42 @@ def differing_bytes(vo, vr) -> np.ndarray:
     return (oo != orr) | (so != sr)
 
 
-def _classify(obs, ref, unit_bytes: int) -> tuple[str, dict | None, int]:
-    """Compare one read's views with the reference's: status, first mismatch, bytes differing."""
+def _indeterminate_masks(obs, ranges) -> list[np.ndarray]:
+    """Per view of a read: which of its bytes lie in ``ranges`` (merged starts, ends)."""
+    masks = []
+    for v in obs.views:
+        n = v.compact.nbytes
+        m = np.zeros(n, bool)
+        if ranges is not None:
+            starts, ends = ranges
+            a = np.maximum(starts, v.offset)
+            b = np.minimum(ends, v.offset + n)
+            for x, y in zip((a - v.offset)[b > a].tolist(), (b - v.offset)[b > a].tolist()):
+                m[x:y] = True
+        masks.append(m)
+    return masks
+
+
+def _classify(obs, ref, unit_bytes: int, masks=None) -> tuple[str, dict | None, int]:
+    """Compare one read's views with the reference's: status, first mismatch,
+    bytes differing.  ``masks`` (per view) marks indeterminate bytes: they are
+    left out of the comparison (status ``indeterminate`` when nothing else differs)."""
     first = None
     differing = 0
     torn = False
-    for vo, vr in zip(obs.views, ref.views):
-        diff = differing_bytes(vo, vr)
+    masks = masks or [np.zeros(v.compact.nbytes, bool) for v in obs.views]
+    for vo, vr, ind in zip(obs.views, ref.views, masks):
+        diff = differing_bytes(vo, vr) & ~ind
         if not diff.any():
             continue
         differing += int(diff.sum())
-        # split the extent at buffer unit boundaries: a unit both right and wrong is torn
+        # split the extent at buffer unit boundaries: a unit whose determinate
+        # bytes are both right and wrong is torn
         unit_id = (vo.offset + np.arange(diff.size)) // unit_bytes
         bounds = np.flatnonzero(np.diff(unit_id)) + 1
-        for part in np.split(diff, bounds):
-            if part.any() and not part.all():
+        for part, part_ind in zip(np.split(diff, bounds), np.split(ind, bounds)):
+            det = part[~part_ind]
+            if det.any() and not det.all():
                 torn = True
         if first is None:
             k = int(np.argmax(diff))
@@ -88,7 +131,7 @@ def _classify(obs, ref, unit_bytes: int) -> tuple[str, dict | None, int]:
                 "expected": _describe_view(vr, k, 1, 1)[0]["text"],
             }
     if differing == 0:
-        return "ok", None, 0
+        return ("indeterminate" if any(m.any() for m in masks) else "ok"), None, 0
     return ("torn" if torn else "stale"), first, differing
 
 
@@ -99,19 +142,89 @@ def _position(layout, offset: int) -> dict:
         return {"offset": int(offset), "error": str(e)}
 
 
-def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
+def _candidate_writers(s, intra: list[dict], table) -> dict[int, list]:
+    """For each intra-launch race (by copy op index), for its first
+    ``INTRA_DESCRIBED_RANGES`` pieces (bytes with one set of writers): the
+    writing items (at most ``INTRA_WRITERS``) and what each would leave there,
+    i.e. its source bytes in the happens-before-order execution, described."""
+    racy = {r["op"]: r for r in intra}
+    mem = Memory(s.buffers, materialise=False, table=table)
+    out: dict[int, list] = {}
+    for op in s.ops[:max(racy) + 1]:
+        if op.op == "write":
+            offs, lens = op.extents
+            mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+        if op.op != "copy":
+            continue
+        src_spec, dst_spec = s.buffers[op.src], s.buffers[op.dst]
+        c = clip_extents(op.plan.extents, src_spec.nbytes, dst_spec.nbytes)
+        if op.index in racy:
+            dw = racy[op.index]["written"]
+            pieces = []
+            for lo, hi, items in list(zip(dw.piece_starts.tolist(), dw.piece_ends.tolist(),
+                                          dw.piece_items))[:INTRA_DESCRIBED_RANGES]:
+                pieces.append({"range": [lo, hi], "items": int(items.size),
+                               "writers": [_what_item_leaves(mem, op, c, item, lo, hi)
+                                           for item in items[:INTRA_WRITERS].tolist()]})
+            out[op.index] = pieces
+        mem.apply_copy(op.src, op.dst, c)
+    return out
+
+
+def _what_item_leaves(mem, op, c, item: int, lo: int, hi: int) -> dict:
+    """The bytes copy item ``item`` writes into ``[lo, hi)`` of the destination,
+    from the memory's current (pre-copy) state, described."""
+    view = mem.view(op.dst, lo, hi - lo)
+    m = c.item == item
+    d, s_, n_copy, f0, f1 = c.dst[m], c.src[m], c.copy_len[m], c.fill_start[m], c.fill_end[m]
+    a, b = np.maximum(d, lo), np.minimum(d + n_copy, hi)
+    k = b > a
+    if k.any():
+        mem.overlay(view, op.src, s_[k] + (a[k] - d[k]), a[k], (b - a)[k])
+    fa, fb = np.maximum(d + f0, lo), np.minimum(d + f1, hi)
+    kf = fb > fa
+    if kf.any():
+        mem.overlay_fill(view, oob_origin(op.src), fa[kf], (fb - fa)[kf],
+                         s_[kf] + (fa[kf] - d[kf]) - c.src_nbytes)
+    # describe only the bytes this item writes (the rest of the range is other items')
+    ws = np.r_[a[k], fa[kf]]
+    we = np.r_[b[k], fb[kf]]
+    order = np.argsort(ws, kind="stable")
+    ws, we = ws[order], we[order]
+    run_end = np.maximum.accumulate(we) if we.size else we
+    new = np.r_[True, ws[1:] > run_end[:-1]] if ws.size else np.zeros(0, bool)
+    idx = np.flatnonzero(new)
+    ms, me = ws[idx], (np.maximum.reduceat(run_end, idx) if idx.size else ws[:0])
+    prov = []
+    for x, y in zip(ms.tolist(), me.tolist()):
+        prov.extend(_describe_view(view, x - lo, y - x, 4))
+        if len(prov) >= 4:
+            break
+    return {"item": int(item), "bytes": int((me - ms).sum()), "provenance": prov[:4]}
+
+
+def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int | None = RACE_LIMIT) -> dict:
+    """The report of one run (see the module doc); ``race_limit`` caps the
+    listed latent races (``None``: list all)."""
     s = run.schedule
     reference = reference or run_reference(s, materialise=run.memory.material is not None)
     ref_reads = {r.op_id: r for r in reference.reads}
+    intra = intra_launch_races(s)
+    indeterminate = indeterminate_read_bytes(s, intra)
     reads = []
     for r in run.reads:
         ref = ref_reads[r.op_id]
         layout = s.buffers[r.buffer].layout
-        status, first, differing = _classify(r, ref, layout.unit_bytes)
+        ind = indeterminate.get(r.index)
+        masks = _indeterminate_masks(r, ind)
+        status, first, differing = _classify(r, ref, layout.unit_bytes, masks)
         data = r.bytes()
         entry = {
             "op": r.op_id, "stream": r.stream, "buffer": r.buffer, "time_us": round(r.time_us, 4),
             "nbytes": r.nbytes, "status": status, "bytes_differing": differing,
+            "bytes_indeterminate": int(sum(int(m.sum()) for m in masks)),
+            "indeterminate_ranges": ([] if ind is None else
+                                     [[int(x), int(y)] for x, y in zip(ind[0][:8], ind[1][:8])]),
             "sha256": hashlib.sha256(data.tobytes()).hexdigest(),
             "expected_sha256": hashlib.sha256(ref.bytes().tobytes()).hexdigest(),
             "position": _position(layout, r.offsets[0]),
@@ -128,7 +241,8 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
     initial = Memory(s.buffers, materialise=False, table=reference.memory.table)
     races = []
     hb = HappensBefore(s)
-    for race in latent_races(s, hb):
+    scan = race_scan(s, hb, race_limit)
+    for race in scan.races:
         a, b = s.ops[race["a"].op], s.ops[race["b"].op]
         layout = s.buffers[race["buffer"]].layout
         lo, hi = int(race["starts"][0]), int(race["ends"][0])
@@ -139,12 +253,30 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
                       f"{b.op} ({'write' if race['b'].write else 'read'})"],
             "streams": [a.stream, b.stream],
             "bytes": race["bytes"],
+            "n_ranges": race["n_ranges"],
             "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:8], race["ends"][:8])],
             "first_range": [lo, hi],
             "position": _position(layout, lo),
             "layer": _position(layout, lo).get("layer"),
             "old_bytes": _describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
             "new_bytes": _describe(reference.memory.compact[race["buffer"]], lo, hi - lo, max_items=4),
+        })
+
+    writers = _candidate_writers(s, intra, reference.memory.table) if intra else {}
+    intra_report = []
+    for race in intra:
+        op = s.ops[race["op"]]
+        layout = s.buffers[race["buffer"]].layout
+        lo = int(race["starts"][0])
+        intra_report.append({
+            "op": op.id, "routine": op.routine, "stream": op.stream, "buffer": race["buffer"],
+            "bytes": race["bytes"], "n_ranges": int(race["starts"].size),
+            "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:INTRA_RANGES],
+                                                          race["ends"][:INTRA_RANGES])],
+            "items": int(np.unique(np.concatenate(race["items"])).size),
+            "pieces": int(race["written"].piece_starts.size),
+            "position": _position(layout, lo),
+            "candidates": writers.get(race["op"], []),
         })
 
     placement = [pc for op in s.ops if op.op == "copy" for pc in [placement_check(s, op)] if pc]
@@ -159,13 +291,17 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
         "reads_total": len(reads),
         "stale_reads": sum(r["status"] == "stale" for r in reads),
         "torn_reads": sum(r["status"] == "torn" for r in reads),
-        "corrupt_reads": sum(r["status"] != "ok" for r in reads),
+        "corrupt_reads": sum(r["status"] in ("stale", "torn") for r in reads),
+        "indeterminate_reads": sum(r["status"] == "indeterminate" for r in reads),
+        "reads_with_indeterminate_bytes": sum(r["bytes_indeterminate"] > 0 for r in reads),
         "latent_races": races,
+        "latent_races_total": scan.total,
+        "intra_launch_races": intra_report,
         "oob_writes": [o for o in run.oob if o["side"] == "dst"],
         "oob_reads": [o for o in run.oob if o["side"] == "src"],
         "placement": placement,
         "buffers": {name: {"nbytes": spec.nbytes,
-                           "sha256": hashlib.sha256(run.memory.final_bytes(name).tobytes()).hexdigest()}
+                           "sha256": run.memory.digest(name)}
                     for name, spec in s.buffers.items()},
         "timings_us": {k: [round(a, 4), round(b, 4)] for k, (a, b) in run.timings.items()},
         "accesses": [{"op": s.ops[acc.op].id, "stream": s.ops[acc.op].stream, "buffer": acc.buffer,
@@ -183,16 +319,24 @@ def analyse(run: RunResult, reference: RunResult | None = None) -> dict:
 def summary_text(rep: dict) -> str:
     lines = [f"schedule {rep['schedule']}  (profile {rep['profile']}"
              f"{'' if rep['profile_calibrated'] else ', uncalibrated'}; simulated {rep['end_us']:.2f} us)"]
+    listed, total = len(rep["latent_races"]), rep["latent_races_total"]
+    races_text = f"{total}" if listed == total else f"{total} ({listed} of {total} listed)"
     lines.append(f"reads: {rep['reads_total']}  corrupt: {rep['corrupt_reads']} "
                  f"(stale {rep['stale_reads']}, torn {rep['torn_reads']})  "
-                 f"latent races: {len(rep['latent_races'])}  out-of-bounds writes: {len(rep['oob_writes'])}")
+                 f"indeterminate: {rep['indeterminate_reads']}  "
+                 f"latent races: {races_text}  intra-launch races: {len(rep['intra_launch_races'])}  "
+                 f"out-of-bounds writes: {len(rep['oob_writes'])}")
     for r in rep["reads"]:
         lines.append(f"\nread {r['op']} on {r['stream']} at {r['time_us']:.3f} us: {r['buffer']} "
                      f"{r['nbytes']} B -> {r['status'].upper()}")
         for c in r["copies_in_flight"]:
             lines.append(f"  copy {c['copy']} in flight: {c['items_done']}/{c['items']} items landed, "
                          f"{c['items_in_flight']} part-way")
-        if r["status"] != "ok":
+        if r["bytes_indeterminate"]:
+            first = r["indeterminate_ranges"][0]
+            lines.append(f"  {r['bytes_indeterminate']} bytes indeterminate (written by more than one item of "
+                         f"one copy launch; not compared), first [{first[0]}, {first[1]})")
+        if r["status"] in ("stale", "torn"):
             fm = r["first_mismatch"]
             lines.append(f"  {r['bytes_differing']} bytes differ from the happens-before order; first at "
                          f"offset {fm['offset']} ({_pos_text(fm['position'])})")
@@ -209,6 +353,18 @@ def summary_text(rep: dict) -> str:
             lines.append(f"  old: {race['old_bytes'][0]['text']}")
         if race["new_bytes"]:
             lines.append(f"  new: {race['new_bytes'][0]['text']}")
+    if listed < total:
+        lines.append(f"\n... {total - listed} more latent races not listed ({listed} of {total} listed)")
+    for ir in rep["intra_launch_races"]:
+        lines.append(f"\nINTRA-LAUNCH RACE in {ir['op']} ({ir['routine']}, {ir['stream']}) on {ir['buffer']}: "
+                     f"{ir['bytes']} bytes written by more than one item of the launch, in {ir['n_ranges']} "
+                     f"ranges, first [{ir['ranges'][0][0]}, {ir['ranges'][0][1]}) "
+                     f"({_pos_text(ir['position'])}); which item's bytes remain is not determined")
+        for rng in ir["candidates"][:2]:
+            lines.append(f"  bytes [{rng['range'][0]}, {rng['range'][1]}): {rng['items']} candidate writers")
+            for w in rng["writers"][:3]:
+                if w["provenance"]:
+                    lines.append(f"    item {w['item']} ({w['bytes']} B): {w['provenance'][0]['text']}")
     for pc in rep["placement"]:
         lines.append(f"\nPLACEMENT of {pc['op']} ({pc['routine']}) against {pc['reference_routine']} on the "
                      f"buffers' own geometry: {pc['items_placed_correctly']} of {pc['items']} tokens land "
