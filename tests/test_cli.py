@@ -128,7 +128,8 @@ def test_exit_code_follows_fail_on(case, fail_on, rc, capsys):
 def test_bad_fail_on_is_a_usage_error(bad, capsys):
     assert main(["schedule", "run", GATED, "--fail-on", bad]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("kvrace: error: --fail-on:") and "corrupt, race, oob, none" in err or "combined" in err
+    assert err.startswith("kvrace: error: --fail-on:")
+    assert ("'none' cannot be combined" in err) if bad.startswith("none,") else ("corrupt, race, oob, none" in err)
 
 
 def test_race_count_uses_totals_when_the_report_has_them():
@@ -206,13 +207,33 @@ def test_first_before_file_does_not_swallow_it():
     assert json.loads(out)["reads_total"] == 1
 
 
-def test_first_takes_repeats_and_commas_and_implies_explicit(capsys):
-    ids = ["indexer_read_index_k_L0", "load_index_k_L0"]
-    assert main(["schedule", "run", RACE, "--json", "-", "--first", ids[0], "--first", ids[1]]) == 1
-    a = json.loads(capsys.readouterr().out)
-    assert main(["schedule", "run", RACE, "--json", "-", "--first", ",".join(ids), "--ties", "explicit"]) == 1
-    b = json.loads(capsys.readouterr().out)
-    assert a["tie_orders"] == b["tie_orders"] if "tie_orders" in a else a == b
+@pytest.mark.parametrize("first, ties", [
+    (["--first", "indexer_read_index_k_L0", "--first", "load_index_k_L0"], []),
+    (["--first", "indexer_read_index_k_L0,load_index_k_L0"], ["--ties", "explicit"]),
+    (["--first", " indexer_read_index_k_L0 , load_index_k_L0"], []),
+])
+def test_first_takes_repeats_and_commas_and_implies_explicit(first, ties, monkeypatch):
+    import sim.executor
+
+    seen = []
+    real = sim.executor.run_schedule
+
+    def spy(s, profile, **kw):
+        seen.append(kw["ties"])
+        return real(s, profile, **kw)
+    monkeypatch.setattr(sim.executor, "run_schedule", spy)
+    assert main(["schedule", "run", RACE, *first, *ties, "--fail-on", "none"]) == 0
+    assert seen[0].mode == "explicit" and seen[0].first == ("indexer_read_index_k_L0", "load_index_k_L0")
+
+
+def test_no_first_keeps_fifo(monkeypatch):
+    import sim.executor
+
+    seen = []
+    real = sim.executor.run_schedule
+    monkeypatch.setattr(sim.executor, "run_schedule", lambda s, p, **kw: seen.append(kw["ties"]) or real(s, p, **kw))
+    assert main(["schedule", "run", GATED]) == 0
+    assert seen[0].mode == "fifo" and seen[0].first == ()
 
 
 def test_unknown_first_id_names_it_and_the_known_ones(capsys):
@@ -297,3 +318,14 @@ def test_closed_pipe_exits_quietly(cmd):
     os.close(w)
     assert p.stderr == ""
     assert p.returncode == 141
+
+
+@pytest.mark.parametrize("args, says", [
+    (["replay", RACE, "--json", "nowhere/r.json"], "directory 'nowhere' does not exist"),
+    (["replay", RACE, "--seed", "-1"], "--seed: expected a whole number >= 0"),
+    (["replay", RACE, "--trials", "0"], "--trials: expected a whole number >= 1"),
+    (["calibrate", "--out", "nowhere/p.toml"], "directory 'nowhere' does not exist"),
+])
+def test_gpu_commands_check_their_arguments_before_looking_for_a_gpu(args, says):
+    rc, _, err = kvrace(*args)
+    assert rc == 2 and says in err and "Traceback" not in err
