@@ -78,6 +78,9 @@ def test_copy_time_follows_launch_shape_and_link():
               "args": {"layer": 0, "src_indices": list(range(n)), "dst_indices": list(range(n))}}],
             buffers=buffers)
     expected = P.launch_us + 2 * P.item_overhead_us + n * UNIT / (P.h2d_gbps * 1e3)
+    # by hand with the h200 link (launch 10 us, 0.5 us per round, 55 GB/s = 55,000 B/us):
+    # 10 + 2 x 0.5 + 6,400 / 55,000 = 11.116364 us
+    assert expected == pytest.approx(11.116364, abs=1e-6)
     assert r.timings["cp"][0] == 0
     assert r.timings["cp"][1] == pytest.approx(expected)
 
@@ -91,6 +94,7 @@ def test_copies_on_one_link_serialise_and_d2h_is_another_link():
             "args": {"layer": 0, "src_indices": [1], "dst_indices": [1]}}]
     r = run(ops)
     one = P.launch_us + P.item_overhead_us + UNIT / (P.h2d_gbps * 1e3)
+    assert one == pytest.approx(10 + 0.5 + 64 / 55_000, abs=1e-9)     # 10.501164 us
     assert r.timings["a"][1] == pytest.approx(one)
     assert r.timings["b"] == pytest.approx((one, 2 * one))
     assert r.timings["c"][0] == 0

@@ -81,7 +81,11 @@ def test_bytes_done_dsv4_chunk_is_one_layer():
 
 def test_bytes_done_from_item_times():
     p = per_layer(65)
-    s, e = item_times(p, T)
+    # item times by hand (test_rounds_of_64_warps): items 0-63 run 2.0-18.884 us (round 0:
+    # 0.5 + 64 x 256 B / 1,000 B/us = 16.884 us), item 64 runs 18.884-19.640 us (0.5 + 0.256)
+    s = np.r_[np.full(64, 2.0), 18.884]
+    e = np.r_[np.full(64, 18.884), 19.640]
+    assert np.allclose(item_times(p, T)[0], s) and np.allclose(item_times(p, T)[1], e)
     done = bytes_done(p, s, e, 2.0 + 16.884 + 0.378)  # half-way through round 1
     assert done[:64].tolist() == [256] * 64 and done[64] == 128 // 256 * 256 == 0
     done = bytes_done(p, s, e, 2.0 + 8.442)  # half-way through round 0: 128 B -> 0 chunks
