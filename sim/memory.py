@@ -23,6 +23,7 @@ can say which neighbour it would have hit.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,11 +31,16 @@ import numpy as np
 from sim.bytes.compact import CompactBuffer, OriginTable
 from sim.bytes.material import MaterialBuffer
 from sim.bytes.pattern import Origin
-from sim.errors import InputError
 
 ARENA_ALIGN = 512
 OOB_UNIT_BYTES = 4096
-MATERIALISE_LIMIT_BYTES = 8 << 30    # real bytes for all buffers together; beyond: compact only
+# Real bytes held by one run, every copy counted: a run materialises its own Memory and
+# verdicts.analyse's reference run materialises another (MATERIALISED_COPIES of the buffers).
+# Beyond the limit a Memory keeps the compact model only; every result is the same (the
+# compact model materialises to the same bytes), only slower to read back.
+MATERIALISE_LIMIT_BYTES = 1 << 30
+MATERIALISED_COPIES = 2
+DIGEST_CHUNK_BYTES = 16 << 20        # Memory.digest materialises at most this much at a time
 
 
 def oob_origin(src_name: str) -> Origin:
@@ -69,14 +75,21 @@ def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
                    np.minimum(in_src, in_dst), in_dst, src_nbytes)
 
 
+def fits_materialised(buffers: dict) -> bool:
+    """Whether real bytes for ``buffers`` may be held: MATERIALISED_COPIES copies of all
+    of them together within MATERIALISE_LIMIT_BYTES."""
+    return MATERIALISED_COPIES * sum(spec.nbytes for spec in buffers.values()) <= MATERIALISE_LIMIT_BYTES
+
+
 class Memory:
+    """Both byte models of a schedule's buffers.
+
+    ``materialise=True`` asks for real bytes too; they are kept only when
+    :func:`fits_materialised` (otherwise ``material`` is None, as with
+    ``materialise=False``, and every view and digest comes from the compact model)."""
+
     def __init__(self, buffers: dict, *, materialise: bool = True, table: OriginTable | None = None):
-        total = sum(spec.nbytes for spec in buffers.values())
-        if materialise and total > MATERIALISE_LIMIT_BYTES:
-            big = max(buffers.values(), key=lambda b: b.nbytes)
-            raise InputError("buffers", f"the materialised model would hold {total / 2**30:.1f} GiB "
-                             f"(largest: {big.name}, {big.nbytes / 2**30:.1f} GiB); expected at most "
-                             f"{MATERIALISE_LIMIT_BYTES >> 30} GiB: run with --compact-only (materialise=False)")
+        materialise = materialise and fits_materialised(buffers)
         self.specs = buffers
         self.table = table or OriginTable()
         self.compact: dict[str, CompactBuffer] = {}
@@ -163,9 +176,24 @@ class Memory:
             view.material.fill(d, n, origin, stream_off)
 
     def final_bytes(self, name: str) -> np.ndarray:
+        """The buffer's bytes now (materialised whole: for small buffers)."""
         if self.material is not None:
             return self.material[name].data
         return self.compact[name].materialise()
+
+    def digest(self, name: str) -> str:
+        """sha256 (hex) of the buffer's bytes now: equal to
+        ``hashlib.sha256(final_bytes(name).tobytes()).hexdigest()``, computed from the
+        real bytes in place or from the compact model DIGEST_CHUNK_BYTES at a time, so
+        it never holds more than one chunk of materialised bytes."""
+        h = hashlib.sha256()
+        if self.material is not None:
+            h.update(memoryview(np.ascontiguousarray(self.material[name].data)))
+            return h.hexdigest()
+        buf = self.compact[name]
+        for offset in range(0, buf.nbytes, DIGEST_CHUNK_BYTES):
+            h.update(memoryview(buf.materialise(offset, min(DIGEST_CHUNK_BYTES, buf.nbytes - offset))))
+        return h.hexdigest()
 
     def neighbour(self, name: str, offset: int) -> str:
         """Which buffer an address ``offset`` bytes from ``name``'s base falls in."""

@@ -49,9 +49,11 @@ from sim.transfers.routines import ROUTINES, plan as plan_copy
 SCHEMA_VERSION = 1
 # ---- limits: every one is checked before anything it bounds is built, and named in its error
 MAX_FILE_BYTES = 64 << 20      # a schedule file: 64 MiB of JSON
-MAX_NUMBER_DIGITS = 40         # a JSON integer literal: 40 digits (int64 needs 19)
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1   # every integer field is an int64
-MAX_BUFFER_BYTES = 1 << 50     # 1 PiB: beyond any pool, and far inside int64 offsets
+# All buffers together.  Every run hashes every buffer's final bytes (the report's digests),
+# and the compact model generates pattern bytes at about 8 s per GiB on a 2-core machine:
+# this keeps a run of any accepted schedule within ~10 s and, materialised or not, 2 GB.
+MAX_BUFFER_BYTES = 1 << 30
 MAX_LAYERS = 4096              # models have at most a few hundred; every layer gets its own origin
 MAX_INDICES = 1 << 21          # one index list: 2 Mi entries (a 1M-token context is 2**20)
 MAX_TOTAL_INDICES = 1 << 24    # all index lists of a schedule, each counted once per layer it touches
@@ -202,6 +204,7 @@ class _Totals:
 
     def __init__(self):
         self.indices = 0
+        self.buffer_bytes = 0
         self.read_extents = 0
         self.read_bytes = 0
 
@@ -291,8 +294,10 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
     require(layout.layers <= MAX_LAYERS, f"{where}.layout.layers",
             f"expected at most {MAX_LAYERS} (MAX_LAYERS) layers, got {layout.layers}")
-    require(int(layout.nbytes) <= MAX_BUFFER_BYTES, f"{where}.layout",
-            f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 PiB)")
+    totals.buffer_bytes += int(layout.nbytes)
+    require(totals.buffer_bytes <= MAX_BUFFER_BYTES, f"{where}.layout",
+            f"a buffer of {int(layout.nbytes)} bytes brings the schedule's buffers to {totals.buffer_bytes} "
+            f"bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 GiB, all buffers together)")
     require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
             f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
             "(the pattern bytes' unit limit)")
@@ -518,8 +523,9 @@ def validate(doc: Any) -> Schedule:
 def load(path: str) -> Schedule:
     """Read and validate a schedule file.
 
-    The file must be UTF-8 JSON of at most MAX_FILE_BYTES; integer literals have at
-    most MAX_NUMBER_DIGITS digits, numbers must be finite (``NaN``, ``Infinity`` and
+    The file must be UTF-8 JSON of at most MAX_FILE_BYTES; integer literals are
+    limited by Python's int-string limit (4300 digits; every integer field is
+    then checked against int64), numbers must be finite (``NaN``, ``Infinity`` and
     literals that overflow a double are refused), nesting deeper than Python's
     recursion limit is refused; each problem is an InputError."""
     try:
@@ -533,14 +539,6 @@ def load(path: str) -> Schedule:
     except IsADirectoryError:
         raise InputError("", f"{show(path)} is a directory; expected a schedule file") from None
     return validate(parse_json(data, str(path)))
-
-
-def _parse_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_NUMBER_DIGITS:
-        raise InputError("", f"an integer of {digits} digits; expected at most {MAX_NUMBER_DIGITS} "
-                         f"(MAX_NUMBER_DIGITS): {show(text)}")
-    return int(text)
 
 
 def _parse_float(text: str) -> float:
@@ -562,8 +560,7 @@ def parse_json(data: bytes, name: str = "input") -> Any:
         raise InputError("", f"{show(name)} is not UTF-8 text: byte {e.start} is {data[e.start:e.start + 1]!r}"
                          ) from None
     try:
-        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float,
-                          parse_constant=_parse_constant)
+        return json.loads(text, parse_float=_parse_float, parse_constant=_parse_constant)
     except json.JSONDecodeError as e:
         raise InputError("", f"{show(name)} is not valid JSON: line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
@@ -571,3 +568,5 @@ def parse_json(data: bytes, name: str = "input") -> Any:
                          "hundred levels") from None
     except InputError as e:
         raise InputError("", f"{show(name)}: {e.message}") from None
+    except ValueError as e:               # an integer literal past Python's int-string limit
+        raise InputError("", f"{show(name)}: a number JSON cannot hold: {show(str(e))}") from None

@@ -66,7 +66,7 @@ def snapshot_of(run, source: str | None = None) -> Snapshot:
     """The predicted snapshot of a simulator run (sim.executor.RunResult)."""
     src = source or (f"simulated:{run.profile.name}" if run.profile else "reference")
     return Snapshot(run.schedule.digest(), src, {r.op_id: r.bytes() for r in run.reads},
-                    {n: digest(run.memory.final_bytes(n)) for n in run.schedule.buffers},
+                    {n: run.memory.digest(n) for n in run.schedule.buffers},
                     {k: [a, b] for k, (a, b) in run.timings.items()})
 
 
