@@ -24,7 +24,7 @@ EXIT_CODES = """exit codes:
      (replay: the GPU disagreed with the simulator)
   2  bad input or usage (the message names the file, key or option)
   3  no GPU (replay, calibrate)
-  141  stdout closed early (e.g. piped into head); nothing is printed
+  141  stdout was closed early (e.g. piped into head): kvrace stops without an error message
 """
 
 RUN_EPILOG = """--fail-on KIND (repeatable or comma-separated; default: corrupt):
@@ -169,6 +169,10 @@ def _schedule_run(args) -> int:
         raise InputError("--json - --snapshot -", "only one of them can go to stdout; give the other a file path")
     check_output_path(args.json, "--json")
     check_output_path(args.snapshot, "--snapshot")
+    if args.json and args.snapshot and args.json != "-" and \
+            os.path.realpath(args.json) == os.path.realpath(args.snapshot):
+        raise InputError("--json/--snapshot", f"both name {args.json!r}; the snapshot would overwrite the "
+                         "report: give them different paths")
     first = _split(args.first)
     ties = args.ties
     if first and ties is None:

@@ -189,6 +189,12 @@ def test_json_and_snapshot_cannot_both_be_stdout(capsys):
     assert "only one of them can go to stdout" in cap.err and cap.out == ""
 
 
+def test_json_and_snapshot_cannot_share_a_file(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    assert main(["schedule", "run", GATED, "--json", str(path), "--snapshot", str(tmp_path / "." / "out.json")]) == 2
+    assert "give them different paths" in capsys.readouterr().err and not path.exists()
+
+
 def kvrace_at(cwd, *args):
     import os
 
