@@ -335,3 +335,43 @@ def test_closed_pipe_exits_quietly(cmd):
 def test_gpu_commands_check_their_arguments_before_looking_for_a_gpu(args, says):
     rc, _, err = kvrace(*args)
     assert rc == 2 and says in err and "Traceback" not in err
+
+
+def _fake_calibration(monkeypatch):
+    """cli_calibrate with the GPU measurement replaced by a shipped profile's TOML (CPU only)."""
+    import gpu_backend.calibrate as cal
+
+    fit = {"gbps": 33.0, "launch_us": 4.0, "item_overhead_us": 1.9, "rel_err_median": 0.05}
+    fits = {"link_h2d": fit,
+            "memcpy_h2d": {"gbps_at_largest": 51.2, "largest_bytes": 256 << 20, "latency_us": 7.9},
+            "memcpy_d2h": {"gbps_at_largest": 55.3},
+            "spin": {"cycles_per_us": 1980.0, "floor_us": 3.27}}
+    monkeypatch.setattr(cal, "measure", lambda level, providers: ({}, {"gpu": "Fake GPU", "seconds": 0.1}))
+    monkeypatch.setattr(cal, "build_profile", lambda meas, info, name, level: (resources_text("h200"), {}, fits))
+    return cal
+
+
+def test_calibrate_out_dash_writes_the_profile_to_stdout(monkeypatch, capsys, tmp_path):
+    import argparse
+
+    from sim.profile import tomllib          # tomli on Python 3.10
+
+    cal = _fake_calibration(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert cal.cli_calibrate(argparse.Namespace(out="-", name=None, quick=True)) == 0
+    cap = capsys.readouterr()
+    assert tomllib.loads(cap.out)["name"] == "h200"          # stdout holds only the TOML
+    assert "wrote stdout: profile 'h200'" in cap.err and list(tmp_path.iterdir()) == []
+    assert cal.cli_calibrate(argparse.Namespace(out="p.toml", name=None, quick=True)) == 0
+    assert "wrote p.toml" in capsys.readouterr().out and (tmp_path / "p.toml").read_text() == resources_text("h200")
+
+
+def test_calibrate_refuses_a_bad_out_path_before_measuring(monkeypatch, tmp_path):
+    import argparse
+
+    from sim.errors import InputError
+
+    cal = _fake_calibration(monkeypatch)
+    monkeypatch.setattr(cal, "measure", lambda *a, **k: pytest.fail("measured despite a bad --out"))
+    with pytest.raises(InputError, match="is a directory"):
+        cal.cli_calibrate(argparse.Namespace(out=str(tmp_path), name=None, quick=True))
