@@ -234,9 +234,8 @@ def _gpu_command(module: str, func: str):
     def run(args) -> int:
         import importlib
 
-        for opt in ("json", "out"):
-            if getattr(args, opt, None) is not None and not (opt == "out" and args.out == "-"):
-                check_output_path(getattr(args, opt), f"--{opt}")
+        for opt in ("json", "out"):            # bad paths are exit 2, before looking for a GPU
+            check_output_path(getattr(args, opt, None), f"--{opt}")
         try:
             import torch
         except ImportError:
