@@ -141,9 +141,25 @@ class Access:
     ends: np.ndarray
 
 
+#: below this many extents, ``_merge`` merges in plain Python (numpy's per-call
+#: overhead dominates for the one-to-few extents of a typical read or write)
+SMALL_MERGE = 16
+
+
 def _merge(starts, lengths):
     starts = np.asarray(starts, np.int64)
     ends = starts + np.asarray(lengths, np.int64)
+    if starts.size < SMALL_MERGE:
+        out_s, out_e = [], []
+        for s, e in sorted(zip(starts.tolist(), ends.tolist())):
+            if e <= s:
+                continue
+            if out_e and s <= out_e[-1]:
+                out_e[-1] = max(out_e[-1], e)
+            else:
+                out_s.append(s)
+                out_e.append(e)
+        return np.array(out_s, np.int64), np.array(out_e, np.int64)
     return _merge_intervals(starts, ends)
 
 
@@ -224,27 +240,38 @@ class RaceScan:
 
 def _buffer_groups(accs: list[Access]):
     """Group a buffer's accesses by identical interval sets.  Returns the
-    group of every access, the member access indices of every group, and
-    the groups' intervals sorted by start: (starts, ends, group)."""
-    gid: dict = {}
+    member access indices of every group and the groups' intervals sorted by
+    start: (members, starts, ends, group)."""
+    sizes = np.fromiter((a.starts.size for a in accs), np.int64, len(accs))
+    all_s = np.concatenate([a.starts for a in accs])
+    all_e = np.concatenate([a.ends for a in accs])
+    first = np.cumsum(sizes) - sizes
     group_of = np.empty(len(accs), np.int64)
-    members: list[list[int]] = []
-    rep: list[int] = []
-    for k, acc in enumerate(accs):
-        key = (acc.starts.tobytes(), acc.ends.tobytes())
+    single = np.flatnonzero(sizes == 1)
+    n_groups = 0
+    if single.size:       # one interval: group by (start, end), vectorised
+        pairs = np.stack([all_s[first[single]], all_e[first[single]]], axis=1)
+        _, inv = np.unique(pairs, axis=0, return_inverse=True)
+        group_of[single] = inv.ravel()
+        n_groups = int(inv.max()) + 1
+    gid: dict = {}
+    for k in np.flatnonzero(sizes != 1).tolist():
+        key = (accs[k].starts.tobytes(), accs[k].ends.tobytes())
         g = gid.get(key)
         if g is None:
-            g = gid[key] = len(members)
-            members.append([])
-            rep.append(k)
+            g = gid[key] = n_groups
+            n_groups += 1
         group_of[k] = g
-        members[g].append(k)
-    sizes = np.array([accs[r].starts.size for r in rep], np.int64)
-    S = np.concatenate([accs[r].starts for r in rep])
-    E = np.concatenate([accs[r].ends for r in rep])
-    G = np.repeat(np.arange(len(rep), dtype=np.int64), sizes)
-    order = np.argsort(S, kind="stable")
-    return group_of, [np.array(m, np.int64) for m in members], S[order], E[order], G[order]
+    order = np.argsort(group_of, kind="stable")
+    counts = np.bincount(group_of, minlength=n_groups)
+    members = np.split(order, np.cumsum(counts)[:-1])
+    rep = order[np.cumsum(counts) - counts]             # one access per group
+    lo, n = first[rep], sizes[rep]
+    idx = np.repeat(lo, n) + (np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n))
+    S, E = all_s[idx], all_e[idx]
+    G = np.repeat(np.arange(n_groups, dtype=np.int64), n)
+    o = np.argsort(S, kind="stable")
+    return members, S[o], E[o], G[o]
 
 
 def _overlapping_group_pairs(S, E, G, n_groups: int) -> np.ndarray:
@@ -275,35 +302,40 @@ def _overlapping_group_pairs(S, E, G, n_groups: int) -> np.ndarray:
 def _expand_group_pairs(g1, g2, members):
     """Yield (ia, ib) arrays of access indices (into the buffer's access list):
     every member pair of every group pair (g1 == g2: each unordered pair once),
-    about CHUNK_PAIRS at a time (one row of a larger group pair at a time)."""
-    buf_a, buf_b, held = [], [], 0
-    for x, y in zip(g1.tolist(), g2.tolist()):
+    about CHUNK_PAIRS at a time.  Group pairs up to CHUNK_PAIRS member pairs
+    are expanded together, vectorised; a larger one a row of members at a time."""
+    sizes = np.array([m.size for m in members], np.int64)
+    ptr = np.r_[0, np.cumsum(sizes)]
+    flat = np.concatenate(members) if members else np.zeros(0, np.int64)
+    s1, s2 = sizes[g1], sizes[g2]
+    n = s1 * s2                                   # g1 == g2: the full square, halved below
+    small = n <= CHUNK_PAIRS
+    sg1, sg2, sn, ss2 = g1[small], g2[small], n[small], s2[small]
+    cum = np.cumsum(sn)
+    k0 = 0
+    while k0 < sg1.size:
+        base = cum[k0 - 1] if k0 else 0
+        k1 = max(k0 + 1, int(np.searchsorted(cum, base + CHUNK_PAIRS, side="right")))
+        c = sn[k0:k1]
+        tot = int(c.sum())
+        pair = np.repeat(np.arange(k0, k1), c)
+        r = np.arange(tot) - np.repeat(np.cumsum(c) - c, c)
+        ra, rb = r // ss2[pair], r % ss2[pair]
+        same = sg1[pair] == sg2[pair]
+        keep = ~same | (ra < rb)
+        yield flat[ptr[sg1[pair]] + ra][keep], flat[ptr[sg2[pair]] + rb][keep]
+        k0 = k1
+    for x, y in zip(g1[~small].tolist(), g2[~small].tolist()):
         a_m, b_m = members[x], members[y]
-        if x == y:
-            n = a_m.size * (a_m.size - 1) // 2
-        else:
-            n = a_m.size * b_m.size
-        if n == 0:
-            continue
-        if n <= CHUNK_PAIRS:
-            if x == y:
-                iu, ju = np.triu_indices(a_m.size, 1)
-                parts = [(a_m[iu], a_m[ju])]
-            else:
-                parts = [(np.repeat(a_m, b_m.size), np.tile(b_m, a_m.size))]
-        elif x == y:
-            parts = ((np.full(a_m.size - r - 1, a_m[r]), a_m[r + 1:]) for r in range(a_m.size - 1))
-        else:
-            parts = ((np.full(b_m.size, a_m[r]), b_m) for r in range(a_m.size))
-        for pa, pb in parts:
-            buf_a.append(pa)
-            buf_b.append(pb)
-            held += pa.size
-            if held >= CHUNK_PAIRS:
+        buf_a, buf_b, held = [], [], 0
+        for row in range(a_m.size):
+            other = a_m[row + 1:] if x == y else b_m
+            buf_a.append(np.full(other.size, a_m[row]))
+            buf_b.append(other)
+            held += other.size
+            if held >= CHUNK_PAIRS or row == a_m.size - 1:
                 yield np.concatenate(buf_a), np.concatenate(buf_b)
                 buf_a, buf_b, held = [], [], 0
-    if held:
-        yield np.concatenate(buf_a), np.concatenate(buf_b)
 
 
 def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | None = None) -> RaceScan:
@@ -328,7 +360,7 @@ def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | 
     listed: list[dict] = []
     total = 0
     for buf, accs in by_buffer.items():
-        group_of, members, S, E, G = _buffer_groups(accs)
+        members, S, E, G = _buffer_groups(accs)
         n_groups = len(members)
         keys = _overlapping_group_pairs(S, E, G, n_groups)
         multi = np.array([m.size > 1 for m in members])
