@@ -5,7 +5,7 @@ import pytest
 
 import networkx as nx
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sim.errors import InputError
@@ -15,7 +15,7 @@ from sim.replay import plausible_words, possible_provenance
 from sim.schedule import validate
 from sim.verdicts import analyse
 from tests.helpers import profile, schedule_doc
-from tests.strategies import schedules
+from tests.strategies import rich_schedules, schedules
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -150,8 +150,8 @@ def test_deep_invalid_schedules_never_traceback(doc):
     test_invalid_schedules_raise_named_input_errors_never_tracebacks.hypothesis.inner_test(doc)
 
 
-@FAST
-@given(schedules(), st.data())
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(schedules(), rich_schedules(max_ops=8)), st.data())
 def test_every_simulated_read_is_plausible_in_free_mode(doc, data):
     """Free replay's rule (sim.replay.possible_provenance): whatever timing, tie
     order, compute jitter or torn landing the simulator picks, each 8-byte word
@@ -166,3 +166,191 @@ def test_every_simulated_read_is_plausible_in_free_mode(doc, data):
         for r in run.reads:
             ok = plausible_words(r.bytes(), states[r.op_id])
             assert ok.all(), (r.op_id, int((~ok).sum()))
+
+
+def _host_synced_pairs(doc):
+    """(a, b) op ids that a host_sync orders, derived from the document alone (CUDA semantics,
+    no sim.hb): ``a`` is a stream op the sync waits for (device: every stream op issued before
+    it; stream S: every op issued on S before it; event: every op issued on the recording stream
+    up to the latest earlier record of that event) and ``b`` any stream op issued after it."""
+    ops = doc["ops"]
+    out = set()
+    for h, op in enumerate(ops):
+        if op["op"] != "host_sync":
+            continue
+        before = [o for o in ops[:h] if "stream" in o and o["op"] != "host_sync"]
+        if "event" in op:
+            rec = [i for i, o in enumerate(ops[:h]) if o["op"] == "record" and o["event"] == op["event"]][-1]
+            waited = [o for o in ops[:rec + 1] if o.get("stream") == ops[rec]["stream"] and o["op"] != "host_sync"]
+        elif "stream" in op:
+            waited = [o for o in before if o["stream"] == op["stream"]]
+        else:
+            waited = before
+        after = [o for o in ops[h + 1:] if "stream" in o and o["op"] != "host_sync"]
+        out |= {(a["id"], b["id"]) for a in waited for b in after}
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rich_schedules())
+def test_a_host_synced_pair_is_never_a_race(doc):
+    s = validate(doc)
+    synced = _host_synced_pairs(doc)
+    for r in latent_races(s):
+        a, b = s.ops[r["a"].op].id, s.ops[r["b"].op].id
+        assert (a, b) not in synced and (b, a) not in synced, (a, b)
+    for a, b in synced:
+        assert HappensBefore(s).ordered(s.op(a).index, s.op(b).index), (a, b)
+
+
+# knobs of the bounded search for a run in which a race manifests
+_KNOBS = dict(scale=[1.0, 0.0, 20.0, 0.1], h2d=[55.0, 0.01, 1000.0, 1.0], d2h=[55.0, 0.01, 1000.0, 1.0],
+              hbm=[4160.0, 1.0, 0.05, 1e6], launch=[10.0, 0.5, 40.0], klaunch=[4.0, 0.1, 30.0])
+
+
+def _touch_window(run, op):
+    """(first, last) instant at which ``op`` touches bytes in ``run`` (a copy: its first and
+    last item landing; a read or write: its one access); None for a copy of no items."""
+    if op.op == "copy":
+        ends = run.item_end_us.get(op.id)
+        return None if ends is None or ends.size == 0 else (float(ends.min()), float(ends.max()))
+    t = run.access_us[op.id]
+    return t, t
+
+
+def _reversed(run, x, y):
+    """Did ``y`` (issued after ``x``) touch bytes before ``x`` had finished touching them?
+    (Same-instant rules of sim.executor: landed items are applied before a read or write at
+    the same instant; two reads/writes at one instant go in the recorded access order.)"""
+    wx, wy = _touch_window(run, x), _touch_window(run, y)
+    if wx is None or wy is None:
+        return False
+    if y.op == "copy" and x.op != "copy":
+        return wy[0] <= wx[1]
+    if x.op != "copy" and y.op != "copy" and wy[0] == wx[1]:
+        return run.access_seq[y.id] < run.access_seq[x.id]
+    return wy[0] < wx[1]
+
+
+def _unmanifested(doc, pairs, runs):
+    """The racing pairs (issue-order index pairs) for which no run of a bounded search (tie
+    seeds, link and HBM speeds, launch costs, compute and host-delay durations scaled) puts the
+    later-issued op's access before the earlier one's completes."""
+    import copy as _c
+
+    left = set(pairs)
+    rng = np.random.default_rng(0)
+    for i in range(runs):
+        k = {name: v[0] if i == 0 else v[rng.integers(len(v))] for name, v in _KNOBS.items()}
+        d = _c.deepcopy(doc)
+        for o in d["ops"]:
+            if o["op"] in ("compute", "host_delay"):
+                o["duration_us"] *= k["scale"]
+        s = validate(d)
+        run = run_schedule(s, profile(h2d_gbps=k["h2d"], d2h_gbps=k["d2h"], hbm_gbps=k["hbm"],
+                                      launch_us=k["launch"], kernel_launch_us=k["klaunch"]),
+                           ties=TieBreak("seeded", seed=i))
+        left = {(a, b) for a, b in left if not _reversed(run, s.ops[a], s.ops[b])}
+        if not left:
+            break
+    return left
+
+
+def _copy_vs_kernel_races(s):
+    """Racing pairs with a copy on one side and a read or write on the other."""
+    return {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)
+            if sorted((s.ops[r["a"].op].op, s.ops[r["b"].op].op))[0] == "copy"
+            and sorted((s.ops[r["a"].op].op, s.ops[r["b"].op].op))[1] != "copy"}
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.one_of(schedules(max_ops=10), rich_schedules(max_ops=8)))
+def test_a_reported_copy_vs_kernel_race_manifests_under_some_timing(doc):
+    """Every latent race between a copy and a read or write is shown to manifest: some run of
+    a bounded search reverses the pair's issue order (the reference order).  Copy-vs-copy and
+    kernel-vs-kernel races, and schedules with two copies on one PCIe direction, are left out:
+    the three FINDING tests below show races of those kinds that no timing of the model can
+    manifest."""
+    s = validate(doc)
+    links = [(s.buffers[op.src].location == "host", s.buffers[op.dst].location == "host")
+             for op in s.ops if op.op == "copy"]
+    # one copy per PCIe direction at most: see the third FINDING test
+    assume(all(links.count(k) <= 1 for k in set(links) if any(k)))
+    left = _unmanifested(doc, _copy_vs_kernel_races(s), runs=48)
+    assert not left, [(s.ops[a].id, s.ops[b].id) for a, b in left]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: a copy-vs-read latent race the model cannot manifest.  'other' (s1) and 'first' "
+    "(s0) take the H2D link at t = 0; 'second' (s0, after 'first') asks for it only when 'first' "
+    "is done, so the FIFO link always serves 'other' before 'second', and 'rd' (after "
+    "'second' on s0) always sees 'other' landed.  On a GPU nothing stops 'other' from running "
+    "late (it is unordered with 'rd')."))
+def test_finding_a_copy_vs_read_race_behind_a_shared_link_never_manifests_in_the_model():
+    cp = lambda i, stream: {"id": i, "op": "copy", "stream": stream, "routine": "kernel_per_layer",
+                            "src": "H", "dst": "D", "args": {"layer": 0, "src_indices": [0], "dst_indices": [0]}}
+    ops = [cp("first", "s0"), cp("second", "s0"), cp("other", "s1"),
+           {"id": "rd", "op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": [0]}]
+    doc = schedule_doc(ops)
+    s = validate(doc)
+    assert (2, 3) in {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}   # other vs rd
+    assert not _unmanifested(doc, {(2, 3)}, runs=48)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: a copy-vs-copy latent race the model cannot manifest.  Two H2D copies on "
+    "different streams share one PCIe link, which the model serialises first-come first-served "
+    "(simpy.Resource); 'late' is issued after a host_delay, so it never reaches the link before "
+    "'early' holds it and can never land first, while on a GPU two copy kernels on different "
+    "streams run concurrently and interleave their items."))
+def test_finding_a_copy_race_on_one_link_that_never_manifests_in_the_model():
+    ops = [{"id": "early", "op": "copy", "stream": "s0", "routine": "kernel_per_layer", "src": "H", "dst": "D",
+            "args": {"layer": 0, "src_indices": [0], "dst_indices": [0]}},
+           {"id": "pause", "op": "host_delay", "duration_us": 0.5},
+           {"id": "late", "op": "copy", "stream": "s1", "routine": "kernel_per_layer", "src": "H", "dst": "D",
+            "args": {"layer": 0, "src_indices": [1], "dst_indices": [0]}}]
+    doc = schedule_doc(ops)
+    s = validate(doc)
+    pairs = {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
+    assert pairs == {(0, 2)}                     # early vs late on D's unit 0, by hand
+    assert not _unmanifested(doc, pairs, runs=48)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "FINDING: a latent race the timing model cannot manifest.  'wr' (s0) touches D at "
+    "kernel_launch_us; 'rd' (s1) comes after another kernel on s1 and touches D at "
+    ">= 2 x kernel_launch_us.  The model gives every stream the same launch cost and has no "
+    "per-stream launch skew, so no timing, tie order or duration puts 'rd' first, while a GPU "
+    "may (the race is real in CUDA's semantics: nothing orders the two streams)."))
+def test_finding_a_race_between_two_kernels_that_never_manifests_in_the_model():
+    ops = [{"id": "wr", "op": "write", "stream": "s0", "buffer": "D", "layer": 0, "units": [0], "owner": 5},
+           {"id": "other", "op": "write", "stream": "s1", "buffer": "D2", "layer": 0, "units": [0], "owner": 6},
+           {"id": "rd", "op": "read", "stream": "s1", "buffer": "D", "layer": 0, "units": [0]}]
+    doc = schedule_doc(ops)
+    s = validate(doc)
+    pairs = {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
+    assert pairs == {(0, 2)}                     # wr vs rd on D, by hand
+    assert not _unmanifested(doc, pairs, runs=48)
+
+
+@pytest.mark.slow
+@DEEP
+@given(rich_schedules(max_ops=20), st.data())
+def test_deep_every_simulated_read_is_plausible(doc, data):
+    test_every_simulated_read_is_plausible_in_free_mode.hypothesis.inner_test(doc, data)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(st.one_of(schedules(max_ops=16), rich_schedules(max_ops=16)))
+def test_deep_copy_vs_kernel_races_manifest(doc):
+    test_a_reported_copy_vs_kernel_race_manifests_under_some_timing.hypothesis.inner_test(doc)
+
+
+@pytest.mark.slow
+@DEEP
+@given(rich_schedules(max_ops=20))
+def test_deep_host_synced_pairs_never_race(doc):
+    test_a_host_synced_pair_is_never_a_race.hypothesis.inner_test(doc)
