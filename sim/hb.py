@@ -388,6 +388,21 @@ def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | 
         want = None if limit is None else max(0, limit - len(listed))
         best = np.zeros(0, np.int64)          # smallest racing op-pair keys (want of them)
         dual_keys = []
+        # a large group of one interval set (k accesses of the same bytes, none by an op with
+        # two accesses here): counted by happens-before windows, listed row by row
+        sizes = np.array([m.size for m in members], np.int64)
+        big_self = (g1 == g2) & (sizes[g1] * (sizes[g1] - 1) // 2 > CHUNK_PAIRS)
+        big_self &= np.array([not dual[op_of[members[g]]].any() for g in g1.tolist()], bool) \
+            if big_self.any() else big_self
+        for g in g1[big_self].tolist():
+            m = members[g]
+            total += _count_racing_within(hb, stream, op_of[m], write[m])
+            if want is None or want > 0:
+                best = np.concatenate([best, _first_racing_within(hb, stream, op_of[m], write[m], n_ops,
+                                                                  want)])
+                if want is not None and best.size > want:
+                    best = np.partition(best, want - 1)[:want]
+        g1, g2 = g1[~big_self], g2[~big_self]
         blocks = ((g1[i:i + CHUNK_PAIRS], g2[i:i + CHUNK_PAIRS]) for i in range(0, g1.size, CHUNK_PAIRS))
         for ia, ib in (pair for b1, b2 in blocks for pair in _expand_group_pairs(b1, b2, members)):
             oa, ob = op_of[ia], op_of[ib]
@@ -414,6 +429,58 @@ def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | 
         if best.size:
             listed.extend(_race_entries(buf, accs, best // n_ops, best % n_ops, limit is None))
     return RaceScan(listed, total)
+
+
+def _concurrent_pairs(hb: HappensBefore, stream, ops_a, ops_b) -> int:
+    """How many (a, b) in ops_a x ops_b are concurrent (ordered pairs; each op
+    at most once per list).  For b and a stream t other than b's, the ops of t
+    concurrent with b are those after the prefix that happens before b
+    (``pos > clock[b, t]``) and before the suffix that b happens before
+    (``clock[a, stream(b)] >= pos(b)``, nondecreasing along t); both are
+    binary searches, so the cost is O((|a| * streams + streams * |b|) log)
+    instead of |a| * |b|."""
+    total = 0
+    sa, sb = stream[ops_a], stream[ops_b]
+    for t in np.unique(sa).tolist():
+        at = ops_a[sa == t]
+        at = at[np.argsort(hb.pos[at], kind="stable")]
+        bm = ops_b[sb != t]
+        if bm.size == 0:
+            continue
+        n = at.size
+        first = n - np.searchsorted(hb.pos[at], hb.clock[bm, t], side="right")
+        cols, col_of_b = np.unique(stream[bm], return_inverse=True)
+        q = hb.clock[at][:, cols]                          # (n, cols), each column nondecreasing
+        big = int(q.max(initial=0)) + int(hb.pos[bm].max()) + 2
+        flat = (np.arange(cols.size, dtype=np.int64)[:, None] * big + q.T).ravel()
+        key = col_of_b.ravel() * big + hb.pos[bm]
+        second = (col_of_b.ravel() + 1) * n - np.searchsorted(flat, key, side="left")
+        total += int((first - second).sum())
+    return total
+
+
+def _count_racing_within(hb, stream, ops, write) -> int:
+    """Unordered pairs of distinct ``ops`` (all accessing the same bytes) that
+    are concurrent with at least one a write."""
+    reads = ops[~write]
+    return (_concurrent_pairs(hb, stream, ops, ops) - _concurrent_pairs(hb, stream, reads, reads)) // 2
+
+
+def _first_racing_within(hb, stream, ops, write, n_ops: int, want: int | None) -> np.ndarray:
+    """The smallest ``want`` racing op-pair keys among ``ops`` (ascending, one
+    access each, all on the same bytes): rows of the upper triangle in op
+    order, stopping once ``want`` are found (later rows have larger keys)."""
+    found, n_found = [], 0
+    for r in range(ops.size - 1):
+        a, b = np.full(ops.size - r - 1, ops[r]), ops[r + 1:]
+        ok = write[r] | write[r + 1:]
+        ok[ok] = hb.concurrent_many(a[ok], b[ok], stream)
+        k = a[ok] * n_ops + b[ok]
+        found.append(k)
+        n_found += k.size
+        if want is not None and n_found >= want:
+            break
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
 
 
 def _race_entries(buf, accs, op_a, op_b, all_ranges: bool) -> list[dict]:
