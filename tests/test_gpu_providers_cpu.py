@@ -245,8 +245,10 @@ def test_the_incident_model_predicts_writes_past_the_end():
         apply_extents(sfull[:g + src.nbytes + 64], dfull, p.extents, src_pad=g, dst_pad=g)
 
 
-def test_buffer_set_on_the_cpu_reports_overruns():
-    torch = pytest.importorskip("torch")
+def test_buffer_set_on_the_cpu_reports_overruns(monkeypatch):
+    from tests import numpy_torch
+
+    torch = numpy_torch.install(monkeypatch)   # torch, or its numpy test double where torch is absent
     bs = memory.BufferSet("cpu", guard_bytes=512)
     data = np.arange(1000, dtype=np.uint64).astype(np.uint8)
     bs.add("H", 1000, "host", data)

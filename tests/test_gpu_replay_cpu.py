@@ -24,6 +24,7 @@ from gpu_backend.runner import (GpuRun, contiguous_pieces, element_indices, guar
 from sim.executor import run_reference, run_schedule
 from sim.memory import Memory
 from sim.schedule import load, validate
+from tests import numpy_torch
 from tests.helpers import profile, schedule_doc
 
 P = profile()
@@ -459,8 +460,8 @@ def _cpu_runner(schedule, provider, *, guard_bytes=None):
 
 @pytest.mark.parametrize("path", ["examples/index_k_ungated_race.json", "examples/index_k_gated.json",
                                   "examples/c4_routine_on_bf16_index_k.json"])
-def test_gpu_schedule_on_torch_cpu_is_byte_exact(path):
-    pytest.importorskip("torch", reason="GpuSchedule needs torch (its CPU tensors suffice here)")
+def test_gpu_schedule_on_torch_cpu_is_byte_exact(path, monkeypatch):
+    numpy_torch.install(monkeypatch)   # torch, or its numpy test double where torch is absent
     s = load(path)
     rep = replay(s, "numpy", "controlled", profile=P, make_runner=_cpu_runner)
     assert rep["ok"], summary_text(rep)
@@ -470,8 +471,8 @@ def test_gpu_schedule_on_torch_cpu_is_byte_exact(path):
     assert free["ok"] and free["stale_fraction"] == 0.0, summary_text(free)
 
 
-def test_gpu_schedule_on_torch_cpu_runs_hypothesis_schedules():
-    pytest.importorskip("torch", reason="GpuSchedule needs torch (its CPU tensors suffice here)")
+def test_gpu_schedule_on_torch_cpu_runs_hypothesis_schedules(monkeypatch):
+    numpy_torch.install(monkeypatch)   # torch, or its numpy test double where torch is absent
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
@@ -491,8 +492,8 @@ def test_gpu_schedule_on_torch_cpu_runs_hypothesis_schedules():
     check()
 
 
-def test_gpu_schedule_reads_and_writes_host_buffers():
-    pytest.importorskip("torch", reason="GpuSchedule needs torch (its CPU tensors suffice here)")
+def test_gpu_schedule_reads_and_writes_host_buffers(monkeypatch):
+    numpy_torch.install(monkeypatch)   # torch, or its numpy test double where torch is absent
     ops = [{"id": "w", "op": "write", "stream": "s0", "buffer": "H", "layer": 1, "units": [2, 3, 5],
             "owner": 9},
            {"id": "cp", "op": "copy", "stream": "s0", "routine": "kernel_per_layer", "src": "H", "dst": "D",

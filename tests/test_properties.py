@@ -257,21 +257,21 @@ def _unmanifested(doc, pairs, runs):
 
 
 def _copy_vs_kernel_races(s):
-    """Racing pairs with a copy on one side and a read or write on the other."""
-    return {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)
-            if sorted((s.ops[r["a"].op].op, s.ops[r["b"].op].op))[0] == "copy"
-            and sorted((s.ops[r["a"].op].op, s.ops[r["b"].op].op))[1] != "copy"}
+    """Racing pairs (a, b), a issued first, where a is a copy and b a read or write (the
+    incident's shape: a load, then an unordered kernel that touches its bytes)."""
+    pairs = {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
+    return {(a, b) for a, b in pairs if s.ops[a].op == "copy" and s.ops[b].op in ("read", "write")}
 
 
 @settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(st.one_of(schedules(max_ops=10), rich_schedules(max_ops=8)))
 def test_a_reported_copy_vs_kernel_race_manifests_under_some_timing(doc):
-    """Every latent race between a copy and a read or write is shown to manifest: some run of
-    a bounded search reverses the pair's issue order (the reference order).  Copy-vs-copy and
-    kernel-vs-kernel races, and schedules with two copies on one PCIe direction, are left out:
-    the three FINDING tests below show races of those kinds that no timing of the model can
-    manifest."""
+    """Every latent race between a copy and a read or write issued after it is shown to
+    manifest: some run of a bounded search reverses the pair's issue order (the reference
+    order).  Other races (copy vs copy, kernel vs kernel, a copy issued after the kernel it
+    races) and schedules with two copies on one PCIe direction are left out: the three FINDING
+    tests below show races of those kinds that no timing of the model can manifest."""
     s = validate(doc)
     links = [(s.buffers[op.src].location == "host", s.buffers[op.dst].location == "host")
              for op in s.ops if op.op == "copy"]
@@ -322,7 +322,8 @@ def test_finding_a_copy_race_on_one_link_that_never_manifests_in_the_model():
     "kernel_launch_us; 'rd' (s1) comes after another kernel on s1 and touches D at "
     ">= 2 x kernel_launch_us.  The model gives every stream the same launch cost and has no "
     "per-stream launch skew, so no timing, tie order or duration puts 'rd' first, while a GPU "
-    "may (the race is real in CUDA's semantics: nothing orders the two streams)."))
+    "may (the race is real in CUDA's semantics: nothing orders the two streams).  The same holds "
+    "for a copy issued after a read on an idle stream when the copy's stream has kernels before it."))
 def test_finding_a_race_between_two_kernels_that_never_manifests_in_the_model():
     ops = [{"id": "wr", "op": "write", "stream": "s0", "buffer": "D", "layer": 0, "units": [0], "owner": 5},
            {"id": "other", "op": "write", "stream": "s1", "buffer": "D2", "layer": 0, "units": [0], "owner": 6},
