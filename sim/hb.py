@@ -51,7 +51,7 @@ from sim.memory import clip_extents
 from sim.schedule import Schedule
 
 #: candidate pairs handled per vectorised step (bounds the temporary arrays)
-CHUNK_PAIRS = 1 << 21
+CHUNK_PAIRS = 1 << 19
 #: ranges kept per race entry (``starts``/``ends``); ``bytes`` and ``n_ranges`` cover all
 MAX_RACE_RANGES = 8
 
