@@ -44,7 +44,7 @@ import numpy as np
 from sim.bytes.pattern import MAX_UNIT_BYTES
 from sim.errors import InputError, require, show
 from sim.pools.layouts import layout_from_json
-from sim.transfers.routines import ROUTINES, plan as plan_copy
+from sim.transfers.routines import ROUTINES, count_out_of_bounds, plan as plan_copy
 
 SCHEMA_VERSION = 1
 # ---- limits: every one is checked before anything it bounds is built, and named in its error
@@ -60,9 +60,11 @@ MAX_TOTAL_INDICES = 1 << 24    # all index lists of a schedule, each counted onc
 MAX_BUFFERS = 1024
 MAX_STREAMS = 1024
 MAX_EVENTS = 1 << 16
-MAX_OPS = 1 << 17              # 131,072 ops
+MAX_OPS = 1 << 12              # 4,096 ops (each runs twice: the run and the reference)
+MAX_INIT_FILLS = 1 << 10       # (init entry, layer) pairs of all buffers (each is a fill of every model)
 MAX_READ_EXTENTS = 1 << 16     # extents (unit rows, token fields, ranges) of all reads together
 MAX_READ_BYTES = 128 << 20     # bytes of all reads together (each read's bytes are kept, twice)
+MAX_OUT_OF_BOUNDS = 1 << 14    # copy extent sides outside their buffer (the report lists each one)
 MAX_DURATION_US = 1e9          # one compute or host_delay: 1,000 s
 MAX_NAME_CHARS = 256           # a buffer, kind, stream, event or op name
 MAX_DEVICE = 1023              # device ordinals
@@ -205,6 +207,8 @@ class _Totals:
     def __init__(self):
         self.indices = 0
         self.buffer_bytes = 0
+        self.out_of_bounds = 0
+        self.fills = 0
         self.read_extents = 0
         self.read_bytes = 0
 
@@ -213,6 +217,18 @@ class _Totals:
         require(self.indices <= MAX_TOTAL_INDICES, where,
                 f"the schedule's index lists would hold {self.indices} indices (each counted once per "
                 f"layer it touches); expected at most MAX_TOTAL_INDICES = {MAX_TOTAL_INDICES}")
+
+    def add_fills(self, n: int, where: str) -> None:
+        self.fills += n
+        require(self.fills <= MAX_INIT_FILLS, where,
+                f"the buffers' init entries would fill {self.fills} (entry, layer) pairs; expected at most "
+                f"MAX_INIT_FILLS = {MAX_INIT_FILLS}")
+
+    def add_out_of_bounds(self, n: int, where: str) -> None:
+        self.out_of_bounds += n
+        require(self.out_of_bounds <= MAX_OUT_OF_BOUNDS, where,
+                f"the schedule's copies would have {self.out_of_bounds} extent sides outside their buffers "
+                f"(each is reported); expected at most MAX_OUT_OF_BOUNDS = {MAX_OUT_OF_BOUNDS}")
 
     def add_read(self, extents: int, nbytes: int, where: str) -> None:
         self.read_extents += extents
@@ -315,6 +331,7 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
             layers = tuple(range(layout.layers))
         else:
             layers = tuple(int(x) for x in _int_list(layers_v, f"{fw}.layers", 0, layout.layers - 1))
+        totals.add_fills(len(layers), f"{fw}.layers")
         idx_v = _get(f, "indices", fw, (list, dict))
         totals.add_indices(_list_count(idx_v, f"{fw}.indices") * max(len(layers), 1), f"{fw}.indices")
         idx = _int_list(idx_v, f"{fw}.indices", 0, layout.units - 1)
@@ -467,6 +484,7 @@ def validate(doc: Any) -> Schedule:
             op.args = _normalise_args(args, f"{w}.args")
             op.plan = plan_copy(op.routine, buffers[op.src].layout, buffers[op.dst].layout,
                                 op.args, w)
+            totals.add_out_of_bounds(count_out_of_bounds(op.plan.extents, src.nbytes, dst.nbytes), w)
         elif kind in ("read", "write"):
             extra = {"owner", "version"} if kind == "write" else set()
             _check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)

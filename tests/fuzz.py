@@ -235,10 +235,13 @@ class Harness:
     ``peak_rss_bytes`` of an outcome is the worker's peak resident size so far
     (``ru_maxrss``: it never goes down), an upper bound for that input's own."""
 
-    def __init__(self, time_budget: float = TIME_BUDGET_S, mem_budget: int = MEM_BUDGET_BYTES):
+    def __init__(self, time_budget: float = TIME_BUDGET_S, mem_budget: int = MEM_BUDGET_BYTES,
+                 start_method: str | None = None):
         self.time_budget = time_budget
         self.mem_budget = mem_budget
-        self.ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+        # fork (the default where available) lets a test patch the code the worker runs;
+        # from a multi-threaded parent use "spawn" (a forked child can inherit a held lock)
+        self.ctx = mp.get_context(start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn"))
         self.proc = None
         self.conn = None
         self.dir = tempfile.mkdtemp(prefix="kvrace-fuzz-in-")
@@ -248,13 +251,17 @@ class Harness:
         self.proc = self.ctx.Process(target=_worker, args=(child, self.mem_budget), daemon=True)
         self.proc.start()
         child.close()
+        if not self.conn.poll(120):
+            self._stop()
+            raise RuntimeError("the fuzz worker did not start within 120 s")
         kind, _ = self.conn.recv()
         assert kind == "ready"
 
     def _stop(self):
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.join()
+            if self.proc.pid is not None:
+                self.proc.kill()
+                self.proc.join()
             self.proc = None
 
     def close(self):

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.errors import InputError, show
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
@@ -45,17 +45,22 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
+MAX_LAYOUT_INT = 1 << 62     # every integer of a layout (sizes multiply into int64 offsets)
+MAX_NAME_CHARS = 256        # a layout or field name
+
+
 def _req_int(v: Any, where: str, *, minimum: int = 1) -> int:
     if not _is_int(v):
-        raise InputError(where, f"expected an integer >= {minimum}, got {v!r}")
-    if v < minimum:
-        raise InputError(where, f"expected an integer >= {minimum}, got {v}")
+        raise InputError(where, f"expected an integer >= {minimum}, got {show(v)}")
+    if not minimum <= v <= MAX_LAYOUT_INT:
+        raise InputError(where, f"expected an integer in {minimum}..2**62 (MAX_LAYOUT_INT), got {show(v)}")
     return int(v)
 
 
 def _req_str(v: Any, where: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise InputError(where, f"expected a non-empty string, got {v!r}")
+    if not isinstance(v, str) or not 0 < len(v) <= MAX_NAME_CHARS:
+        raise InputError(where, f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) characters, "
+                                f"got {show(v)}")
     return v
 
 
@@ -92,17 +97,17 @@ def _check_fields(fields: tuple[Field, ...], entries: int, page_bytes: int,
     for i, f in enumerate(fields):
         w = f"{where}.fields[{i}]"
         if not isinstance(f, Field):
-            raise InputError(w, f"expected a Field, got {f!r}")
+            raise InputError(w, f"expected a Field, got {show(f)}")
         _req_str(f.name, w + ".name")
         if f.name in names:
-            raise InputError(w + ".name", f"expected a unique field name, got duplicate {f.name!r}")
+            raise InputError(w + ".name", f"expected a unique field name, got duplicate {show(f.name)}")
         names.add(f.name)
         _req_int(f.offset, w + ".offset", minimum=0)
         _req_int(f.entry_bytes, w + ".entry_bytes", minimum=1)
         end = f.offset + entries * f.entry_bytes
         if end > page_bytes:
             raise InputError(
-                w, f"expected field {f.name!r} to end within {page_key}={page_bytes}, got "
+                w, f"expected field {show(f.name)} to end within {page_key}={page_bytes}, got "
                    f"offset {f.offset} + {entries} entries x {f.entry_bytes} B = {end}")
         spans.append((f.offset, end, i, f.name))
     spans.sort()
@@ -110,8 +115,8 @@ def _check_fields(fields: tuple[Field, ...], entries: int, page_bytes: int,
         if s1 < e0:
             raise InputError(
                 f"{where}.fields[{i1}]",
-                f"expected fields not to overlap, got {n1!r} [{s1}, {e1}) overlapping "
-                f"{n0!r} [{s0}, {e0})")
+                f"expected fields not to overlap, got {show(n1)} [{s1}, {e1}) overlapping "
+                f"{show(n0)} [{s0}, {e0})")
 
 
 def _fields_tuple(fields: Any) -> tuple[Field, ...]:
@@ -343,7 +348,7 @@ class HostLayout(_EntryGeometry):
 def _check_host(lay: HostLayout, where: str) -> None:
     _req_str(lay.name, where + ".name")
     if lay.layout not in HOST_LAYOUTS:
-        raise InputError(where + ".layout", f"expected one of {list(HOST_LAYOUTS)}, got {lay.layout!r}")
+        raise InputError(where + ".layout", f"expected one of {list(HOST_LAYOUTS)}, got {show(lay.layout)}")
     _req_int(lay.layers, where + ".layers")
     _req_int(lay.units, where + ".units")
     _req_int(lay.unit_bytes, where + ".unit_bytes")
@@ -469,7 +474,7 @@ _HOST_REQUIRED = ("kind", "layout", "layers", "units", "unit_bytes")
 def _check_keys(d: Mapping, allowed, required, where: str) -> None:
     for k in d:
         if k not in allowed:
-            raise InputError(f"{where}.{k}", f"expected one of {list(allowed)}, got unknown key {k!r}")
+            raise InputError(f"{where}.{show(k)[1:-1]}", f"expected one of {list(allowed)}, got unknown key {show(k)}")
     for k in required:
         if k not in d:
             raise InputError(f"{where}.{k}", "expected this key, got nothing (missing)")
@@ -477,12 +482,12 @@ def _check_keys(d: Mapping, allowed, required, where: str) -> None:
 
 def _fields_from_json(v: Any, where: str) -> tuple[Field, ...]:
     if not isinstance(v, (list, tuple)):
-        raise InputError(where, f"expected a list of {{name, offset, entry_bytes}}, got {v!r}")
+        raise InputError(where, f"expected a list of {{name, offset, entry_bytes}}, got {show(v)}")
     out = []
     for i, f in enumerate(v):
         w = f"{where}[{i}]"
         if not isinstance(f, Mapping):
-            raise InputError(w, f"expected an object {{name, offset, entry_bytes}}, got {f!r}")
+            raise InputError(w, f"expected an object {{name, offset, entry_bytes}}, got {show(f)}")
         _check_keys(f, ("name", "offset", "entry_bytes"), ("name", "offset", "entry_bytes"), w)
         out.append(Field(_req_str(f["name"], w + ".name"),
                          _req_int(f["offset"], w + ".offset", minimum=0),
@@ -494,11 +499,11 @@ def layout_from_json(d: Any, where: str) -> Layout:
     """Build a layout from ``{"preset": NAME, ...}``, ``{"kind": "paged", ...}``
     or ``{"kind": "host", ...}``; every problem is an InputError naming the key."""
     if not isinstance(d, Mapping):
-        raise InputError(where, f"expected an object with 'preset' or 'kind', got {d!r}")
+        raise InputError(where, f"expected an object with 'preset' or 'kind', got {show(d)}")
     if "preset" in d:
         name = d["preset"]
         if not isinstance(name, str) or name not in PRESETS:
-            raise InputError(where + ".preset", f"expected one of {sorted(PRESETS)}, got {name!r}")
+            raise InputError(where + ".preset", f"expected one of {sorted(PRESETS)}, got {show(name)}")
         req, opt = _PRESET_ARGS[name]
         _check_keys(d, ("preset",) + req + opt, ("preset",) + req, where)
         kwargs = {k: _req_int(d[k], f"{where}.{k}") for k in req + opt if k in d}
@@ -521,7 +526,7 @@ def layout_from_json(d: Any, where: str) -> Layout:
         name = _req_str(d.get("name", "host"), where + ".name")
         layout = d["layout"]
         if layout not in HOST_LAYOUTS:
-            raise InputError(where + ".layout", f"expected one of {list(HOST_LAYOUTS)}, got {layout!r}")
+            raise InputError(where + ".layout", f"expected one of {list(HOST_LAYOUTS)}, got {show(layout)}")
         layers = _req_int(d["layers"], where + ".layers")
         units = _req_int(d["units"], where + ".units")
         unit_bytes = _req_int(d["unit_bytes"], where + ".unit_bytes")
@@ -532,7 +537,7 @@ def layout_from_json(d: Any, where: str) -> Layout:
                    page_size=page_size, entries_per_unit=epu, fields=fields)
         _check_host(_Raw(**lay), where)
         return HostLayout(**lay)
-    raise InputError(where + ".kind", f"expected 'paged' or 'host', got {kind!r}")
+    raise InputError(where + ".kind", f"expected 'paged' or 'host', got {show(kind)}")
 
 
 @dataclass

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.errors import InputError, show
 from sim.pools.layouts import HostLayout, PagedLayout
 
 # sgl-kernel transfer_kv_launcher defaults (CUDA): block_quota=2, 32 warps/block
@@ -197,7 +197,7 @@ def memcpy_launch(n_runs: int) -> Launch:
 
 def _int(v: Any, where: str, *, minimum: int | None = None) -> int:
     if not isinstance(v, numbers.Integral) or isinstance(v, bool):
-        raise InputError(where, f"expected an integer, got {v!r}")
+        raise InputError(where, f"expected an integer, got {show(v)}")
     if minimum is not None and v < minimum:
         raise InputError(where, f"expected an integer >= {minimum}, got {v}")
     return int(v)
@@ -213,7 +213,7 @@ def _indices(v: Any, where: str) -> np.ndarray:
         raise InputError(where, f"expected a list of integers, got {type(v).__name__}")
     for i, x in enumerate(v):
         if not isinstance(x, numbers.Integral) or isinstance(x, bool):
-            raise InputError(f"{where}[{i}]", f"expected an integer, got {x!r}")
+            raise InputError(f"{where}[{i}]", f"expected an integer, got {show(x)}")
         if not -(1 << 63) <= x < (1 << 63):
             raise InputError(f"{where}[{i}]", f"expected an int64 value, got {x}")
     return np.array(v, dtype=np.int64).reshape(-1)
@@ -221,12 +221,12 @@ def _indices(v: Any, where: str) -> np.ndarray:
 
 def _check_keys(args: Any, routine: "Routine", where: str) -> None:
     if not isinstance(args, Mapping):
-        raise InputError(where + ".args", f"expected an object of arguments, got {args!r}")
+        raise InputError(where + ".args", f"expected an object of arguments, got {show(args)}")
     allowed = routine.required_args + routine.optional_args
     for k in args:
         if k not in allowed:
             raise InputError(f"{where}.args.{k}",
-                             f"expected one of {list(allowed)} for {routine.name}, got unknown key {k!r}")
+                             f"expected one of {list(allowed)} for {routine.name}, got unknown key {show(k)}")
     for k in routine.required_args:
         if k not in args:
             raise InputError(f"{where}.args.{k}", f"expected this argument for {routine.name}, got nothing")
@@ -253,7 +253,7 @@ def _layer(v: Any, src, dst, where: str) -> int:
 
 def _layers(v: Any, src, dst, where: str) -> np.ndarray:
     if not isinstance(v, (list, tuple)) or len(v) == 0:
-        raise InputError(where, f"expected a non-empty list of layer ids, got {v!r}")
+        raise InputError(where, f"expected a non-empty list of layer ids, got {show(v)}")
     return np.array([_layer(x, src, dst, f"{where}[{i}]") for i, x in enumerate(v)], dtype=np.int64)
 
 
@@ -509,7 +509,7 @@ def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -
     """
     where = where or "copy"
     if routine not in ROUTINES:
-        raise InputError(where + ".routine", f"expected one of {sorted(ROUTINES)}, got {routine!r}")
+        raise InputError(where + ".routine", f"expected one of {sorted(ROUTINES)}, got {show(routine)}")
     r = ROUTINES[routine]
     _layout(src_layout, where + ".src_layout")
     _layout(dst_layout, where + ".dst_layout")
@@ -526,6 +526,13 @@ def _outside(off: np.ndarray, ln: np.ndarray, nbytes: int) -> tuple[np.ndarray, 
     above = np.clip(end - np.maximum(off, nbytes), 0, None)
     first = np.where(off < 0, off, np.maximum(off, nbytes))
     return below + above, first
+
+
+def count_out_of_bounds(extents: Extents, src_nbytes: int, dst_nbytes: int) -> int:
+    """How many records :func:`check_bounds` returns (extent sides outside their
+    buffer), counted without building them."""
+    return sum(int(np.count_nonzero(_outside(off, extents.length, int(nb))[0]))
+               for off, nb in ((extents.src, src_nbytes), (extents.dst, dst_nbytes)))
 
 
 def check_bounds(extents: Extents, src_nbytes: int, dst_nbytes: int) -> list[OutOfBounds]:
@@ -554,7 +561,7 @@ def item_bounds(routine: str, args: Mapping) -> np.ndarray:
     index pair, a 64-token page (``dsa_indexer_per_layer``) or a run of
     consecutive indices (``direct_per_layer``)."""
     if routine not in ROUTINES:
-        raise InputError("routine", f"expected one of {sorted(ROUTINES)}, got {routine!r}")
+        raise InputError("routine", f"expected one of {sorted(ROUTINES)}, got {show(routine)}")
     s = np.asarray(args["src_indices"], dtype=np.int64).reshape(-1)
     d = np.asarray(args["dst_indices"], dtype=np.int64).reshape(-1)
     n = s.size
