@@ -95,7 +95,7 @@ def test_torn_runs_are_refused():
 def test_possible_provenance_old_or_new():
     s = load("examples/index_k_ungated_race.json")
     states = possible_provenance(s)["indexer_read_index_k_L0"]
-    assert len(states) == 2                       # before and after the one copy
+    assert len(states) == 2       # per word: the previous owner's bytes or the copy's (no other writer)
     stale = run_schedule(s, P).reads[0].bytes()
     assert plausible_words(stale, states).all()
     garbage = np.random.default_rng(0).integers(0, 256, stale.size, dtype=np.uint8)
