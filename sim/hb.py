@@ -441,7 +441,7 @@ def _concurrent_pairs(hb: HappensBefore, stream, ops_a, ops_b) -> int:
     instead of |a| * |b|."""
     total = 0
     sa, sb = stream[ops_a], stream[ops_b]
-    for t in np.unique(sa).tolist():
+    for t in _dedupe(sa).tolist():
         at = ops_a[sa == t]
         at = at[np.argsort(hb.pos[at], kind="stable")]
         bm = ops_b[sb != t]
