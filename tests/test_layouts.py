@@ -191,3 +191,17 @@ def test_constructor_validates():
         PagedLayout("x", 1, 1, 100, entries_per_page=3)
     with pytest.raises(InputError):
         HostLayout("x", "page_first_direct", 1, 6, 8, page_size=4)
+
+
+def test_layout_integers_and_names_are_bounded():
+    from sim.errors import InputError as _E
+    from sim.pools.layouts import layout_from_json as _from
+
+    with pytest.raises(_E, match=r"lay.pages: expected an integer in 1..2\*\*62"):
+        _from({"kind": "paged", "layers": 1, "pages": 2 ** 70, "page_bytes": 8}, "lay")
+    with pytest.raises(_E) as e:
+        _from({"kind": "paged", "name": "n" * 10_000, "layers": 1, "pages": 1, "page_bytes": 8}, "lay")
+    assert "MAX_NAME_CHARS" in str(e.value) and len(str(e.value)) < 300
+    with pytest.raises(_E) as e:
+        _from({"kind": "paged", "k" * 10_000: 1}, "lay")
+    assert len(str(e.value)) < 600

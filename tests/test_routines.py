@@ -316,3 +316,13 @@ def test_token_bytewise_same_relative_place(pair, which):
         assert a["byte"] == b["byte"] == 0
         assert a_end["field"] == a["field"] and a_end["byte"] == b_end["byte"] == ln - 1
     assert not check_bounds(p.extents, lay.nbytes, lay.nbytes)
+
+
+def test_count_out_of_bounds_matches_check_bounds():
+    from sim.transfers.routines import check_bounds, count_out_of_bounds
+
+    src, dst = token_rows(576, 1, 8), token_rows(576, 1, 4)
+    ext = plan("kernel_per_layer", src, dst,
+               {"layer": 0, "src_indices": [0, 7, 9, 3], "dst_indices": [5, 1, 2, 6]}).extents
+    n = count_out_of_bounds(ext, src.nbytes, dst.nbytes)
+    assert n == len(check_bounds(ext, src.nbytes, dst.nbytes)) == 3

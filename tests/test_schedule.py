@@ -222,3 +222,23 @@ def test_total_indices_and_read_limits():
     assert "MAX_READ_EXTENTS" in err(schedule_doc([rd], buffers=bufs))
     rd = {"op": "read", "stream": "s0", "buffer": "D", "ranges": [[0, 1 << 28]]}
     assert "MAX_READ_BYTES" in err(schedule_doc([rd], buffers=bufs))
+
+
+def test_memory_digest_equals_sha256_of_bytes_and_materialise_fits_the_limit(monkeypatch):
+    import hashlib
+
+    from sim import memory as memory_mod
+    from sim.memory import Memory
+
+    s = validate(schedule_doc([]))
+    full = Memory(s.buffers, materialise=True)
+    compact = Memory(s.buffers, materialise=False)
+    assert full.material is not None and compact.material is None
+    monkeypatch.setattr(memory_mod, "DIGEST_CHUNK_BYTES", 100)      # several chunks, one partial
+    for name in s.buffers:
+        want = hashlib.sha256(full.final_bytes(name).tobytes()).hexdigest()
+        assert full.digest(name) == compact.digest(name) == want
+    # real bytes only when every copy a run holds (run + reference) fits the limit
+    total = sum(b.nbytes for b in s.buffers.values())
+    monkeypatch.setattr(memory_mod, "MATERIALISE_LIMIT_BYTES", memory_mod.MATERIALISED_COPIES * total - 1)
+    assert Memory(s.buffers, materialise=True).material is None
