@@ -41,6 +41,9 @@ OOB_UNIT_BYTES = 4096
 MATERIALISE_LIMIT_BYTES = 1 << 30
 MATERIALISED_COPIES = 2
 DIGEST_CHUNK_BYTES = 16 << 20        # Memory.digest materialises at most this much at a time
+# Buffers up to this size are digested by their bytes (sha256, comparable with a GPU run);
+# larger ones by their provenance (see Memory.digest).
+BYTE_DIGEST_LIMIT = 64 << 20
 
 
 def oob_origin(src_name: str) -> Origin:
@@ -182,15 +185,23 @@ class Memory:
         return self.compact[name].materialise()
 
     def digest(self, name: str) -> str:
-        """sha256 (hex) of the buffer's bytes now: equal to
-        ``hashlib.sha256(final_bytes(name).tobytes()).hexdigest()``, computed from the
-        real bytes in place or from the compact model DIGEST_CHUNK_BYTES at a time, so
-        it never holds more than one chunk of materialised bytes."""
+        """The buffer's digest now (one rule for reports and Snapshots):
+
+        * up to BYTE_DIGEST_LIMIT bytes: sha256 (hex) of its bytes, equal to
+          ``hashlib.sha256(final_bytes(name).tobytes()).hexdigest()`` (what a GPU run
+          computes), from the real bytes in place or from the compact model
+          DIGEST_CHUNK_BYTES at a time;
+        * larger: ``"provenance:" + CompactBuffer.provenance_digest()``, whose cost
+          grows with the buffer's segments, not its bytes (a host pool of tens of GB
+          is hashed in milliseconds; generating its pattern bytes would take minutes).
+        """
+        buf = self.compact[name]
+        if buf.nbytes > BYTE_DIGEST_LIMIT:
+            return "provenance:" + buf.provenance_digest()
         h = hashlib.sha256()
         if self.material is not None:
             h.update(memoryview(np.ascontiguousarray(self.material[name].data)))
             return h.hexdigest()
-        buf = self.compact[name]
         for offset in range(0, buf.nbytes, DIGEST_CHUNK_BYTES):
             h.update(memoryview(buf.materialise(offset, min(DIGEST_CHUNK_BYTES, buf.nbytes - offset))))
         return h.hexdigest()

@@ -50,18 +50,19 @@ SCHEMA_VERSION = 1
 # ---- limits: every one is checked before anything it bounds is built, and named in its error
 MAX_FILE_BYTES = 64 << 20      # a schedule file: 64 MiB of JSON
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1   # every integer field is an int64
-# All buffers together.  Every run hashes every buffer's final bytes (the report's digests),
-# and the compact model generates pattern bytes at about 8 s per GiB on a 2-core machine:
-# this keeps a run of any accepted schedule within ~10 s and, materialised or not, 2 GB.
-MAX_BUFFER_BYTES = 1 << 30
+# One buffer: 1 PiB (beyond any pool, far inside int64 offsets).  A buffer costs what its
+# copies, reads and distinct runs of provenance cost, not its size: the compact model holds
+# it as segments, and Memory.digest hashes large buffers by provenance, not by bytes.
+MAX_BUFFER_BYTES = 1 << 50
+MAX_TOTAL_BUFFER_BYTES = 1 << 56   # all buffers together (the address arena stays in int64)
 MAX_LAYERS = 4096              # models have at most a few hundred; every layer gets its own origin
 MAX_INDICES = 1 << 21          # one index list: 2 Mi entries (a 1M-token context is 2**20)
 MAX_TOTAL_INDICES = 1 << 24    # all index lists of a schedule, each counted once per layer it touches
 MAX_BUFFERS = 1024
 MAX_STREAMS = 1024
 MAX_EVENTS = 1 << 16
-MAX_OPS = 1 << 12              # 4,096 ops (each runs twice: the run and the reference)
-MAX_INIT_FILLS = 1 << 10       # (init entry, layer) pairs of all buffers (each is a fill of every model)
+MAX_OPS = 1 << 16              # 65,536 ops in one document (a run of any accepted file stays near 20 s)
+MAX_INIT_FILLS = 1 << 16       # (init entry, layer) pairs of all buffers (each is a fill of every model)
 MAX_READ_EXTENTS = 1 << 16     # extents (unit rows, token fields, ranges) of all reads together
 MAX_READ_BYTES = 128 << 20     # bytes of all reads together (each read's bytes are kept, twice)
 MAX_OUT_OF_BOUNDS = 1 << 14    # copy extent sides outside their buffer (the report lists each one)
@@ -310,10 +311,12 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
     require(layout.layers <= MAX_LAYERS, f"{where}.layout.layers",
             f"expected at most {MAX_LAYERS} (MAX_LAYERS) layers, got {layout.layers}")
+    require(int(layout.nbytes) <= MAX_BUFFER_BYTES, f"{where}.layout",
+            f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 PiB)")
     totals.buffer_bytes += int(layout.nbytes)
-    require(totals.buffer_bytes <= MAX_BUFFER_BYTES, f"{where}.layout",
+    require(totals.buffer_bytes <= MAX_TOTAL_BUFFER_BYTES, f"{where}.layout",
             f"a buffer of {int(layout.nbytes)} bytes brings the schedule's buffers to {totals.buffer_bytes} "
-            f"bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 GiB, all buffers together)")
+            f"bytes; expected at most {MAX_TOTAL_BUFFER_BYTES} (MAX_TOTAL_BUFFER_BYTES, all buffers together)")
     require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
             f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
             "(the pattern bytes' unit limit)")

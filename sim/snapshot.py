@@ -1,7 +1,10 @@
 """Snapshot: what a run of a schedule saw — the other half of the central contract.
 
 For every ``read``, the bytes it saw; for every buffer, a digest of its final
-bytes; plus timings where measured.  The simulator produces predicted
+bytes (``Memory.digest``: sha256 of the bytes, or of the provenance for buffers
+over ``BYTE_DIGEST_LIMIT``; a GPU run hashes bytes, so ``first_difference``
+skips buffers whose two digests are of different kinds); plus timings where
+measured.  The simulator produces predicted
 snapshots (``snapshot_of(run)``), the GPU backend observed ones; both serialise
 to the same versioned JSON (read bytes as base64) and compare with
 ``first_difference``.
@@ -85,6 +88,13 @@ def first_difference(expected: Snapshot, observed: Snapshot) -> dict | None:
             return {"what": "read bytes", "read": op_id, "byte": at,
                     "bytes_differing": int(diff.size) + abs(obs.size - exp.size)}
     for name, h in expected.buffers.items():
-        if observed.buffers.get(name) != h:
+        o = observed.buffers.get(name)
+        if o is not None and _is_provenance(h) != _is_provenance(o):
+            continue    # a byte digest and a provenance digest (a buffer over BYTE_DIGEST_LIMIT): not comparable
+        if o != h:
             return {"what": "final buffer", "buffer": name}
     return None
+
+
+def _is_provenance(d: str) -> bool:
+    return d.startswith("provenance:")

@@ -26,6 +26,8 @@ gather/scatter of byte extents.
 """
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -513,6 +515,21 @@ class CompactBuffer:
     def memory_bytes(self) -> int:
         return self._first.nbytes + sum(a.nbytes for arrays in (self._bs, self._bo, self._bf)
                                         for a in arrays)
+
+    def provenance_digest(self) -> str:
+        """sha256 (hex) of the buffer's provenance: its size and its maximal runs
+        ``(start, origin, stream offset)``, with origins named by their fields (so two
+        buffers with different origin tables but the same contents agree).  Equal
+        provenance means equal bytes; it costs O(segments), not O(bytes)."""
+        st, oid, so = self.segments()
+        keep = _coalesce_mask(st, oid, so)          # canonical: blocks may split a run
+        st, oid, so = st[keep], oid[keep], so[keep]
+        uniq, inv = np.unique(oid, return_inverse=True)
+        keys = np.array([int.from_bytes(hashlib.sha256(repr(self.table[int(i)]).encode()).digest()[:8],
+                                        "little", signed=True) for i in uniq.tolist()], dtype=_I64)
+        h = hashlib.sha256(b"kvrace-provenance-v1" + np.int64(self.nbytes).tobytes())
+        h.update(np.stack([st, keys[inv.reshape(-1)], so], axis=1).astype("<i8").tobytes())
+        return h.hexdigest()
 
     def segments(self):
         """The segment arrays ``(start, origin_id, stream_offset)`` (copies)."""
