@@ -1,13 +1,29 @@
-"""Run a schedule on a SimPy model of CUDA streams, events and links.
+"""Run host programs and schedules on a SimPy model of CUDA streams, events and links.
+
+A **host program** is a generator function ``program(host)``: it issues ops
+through its :class:`Host` while simulated time runs, and decides what to issue
+next from what the device has done (``query``), as SGLang's scheduler threads
+do.  A static :class:`~sim.schedule.Schedule` runs the same way: each of its
+hosts is a program that issues its list (one code path).  Every run records the
+ops its hosts issued, in issue order, as a version 2 schedule document
+(:attr:`RunResult.recorded`); running that document statically gives the same
+run.
 
 Semantics (CUDA's, as far as a schedule can express them):
 
-* The host issues ops in list order, instantly, except that ``host_sync``
-  blocks it until its target completes (an event's bound record, every op
-  issued so far on a stream, or everything: device synchronize) and
-  ``host_delay`` advances host time.
+* A host issues ops instantly.  ``host_sync`` blocks it until its target
+  completes (an event's bound record, every op issued so far on a stream, or
+  every op issued so far: device synchronize); ``host_delay`` advances its
+  time; ``host_query`` does not block: its outcome is whether the event's
+  bound record has completed (``cudaEventQuery``; a never-recorded event
+  reports complete, as CUDA does); ``barrier`` blocks until every named host
+  has reached the same barrier.
 * A stream runs its ops FIFO.  ``record`` completes when everything before it
-  on its stream has; ``wait`` holds its stream until its bound record completes.
+  on its stream has; ``wait`` holds its stream until its bound record (the
+  latest ``record`` of the event issued before the wait) completes.  A wait on
+  an event with no record issued yet is a no-op, as in CUDA; the run reports it
+  in :attr:`RunResult.unbound` (a consumer's wait issued before the producer's
+  record orders nothing: a real bug class).
 * A ``copy`` takes its link (PCIe per GPU and direction, shared by
   ``gpus_per_link`` GPUs; device-to-device copies use HBM and take no link),
   then its items land over time as ``sim.transfers.timing`` says.  Bytes of an
@@ -27,6 +43,7 @@ recorded in the result, so any run can be repeated exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Generator
 
 import numpy as np
 import simpy
@@ -34,9 +51,14 @@ import simpy
 from sim.errors import InputError
 from sim.memory import Clipped, Memory, clip_extents, oob_origin
 from sim.profile import Profile
-from sim.schedule import Schedule
+from sim.schedule import Schedule, ScheduleBuilder
 from sim.transfers.routines import check_bounds
 from sim.transfers.timing import bytes_done, item_times
+
+__all__ = ["Host", "HostProgram", "ReadCapture", "RunResult", "TieBreak", "run_programs", "run_reference",
+           "run_schedule"]
+
+HostProgram = Callable[["Host"], Generator]
 
 
 @dataclass
@@ -97,6 +119,12 @@ class RunResult:
     access_us: dict[str, float] = field(default_factory=dict)          # read/write id -> when it touched bytes
     access_seq: dict[str, int] = field(default_factory=dict)           # read/write id -> order of touching
     torn: bool = True                                                  # in-flight items visible part-way
+    unbound: list[dict] = field(default_factory=list)                  # waits/queries with no record issued
+
+    @property
+    def recorded(self) -> dict:
+        """The ops the hosts issued, in issue order, as a version 2 schedule document."""
+        return self.schedule.to_json()
 
 
 class _Copy:
@@ -119,34 +147,145 @@ class _Copy:
         return slice(int(self.ext_item_start[a]), int(self.ext_item_start[b]))
 
 
+class Host:
+    """The interface a host program issues through: one per host thread.
+
+    ``issue``, ``query`` return at once; ``synchronize``, ``delay`` and
+    ``barrier`` return a SimPy event the program must ``yield``.  Every call
+    appends one op to the run's recorded schedule.  Op dicts have the schedule
+    format's shape (``{"op": "copy", "stream": ..., ...}``) and are validated by
+    the same rules as a schedule file; the ``host`` key is filled in.
+    """
+
+    def __init__(self, executor: "Executor", name: str):
+        self._ex = executor
+        self.name = name
+
+    @property
+    def now(self) -> float:
+        """Simulated time in microseconds."""
+        return self._ex.env.now
+
+    def issue(self, op: dict) -> str:
+        """Issue a stream op (copy, read, write, compute, record, wait); returns its id."""
+        return self._issue_dict(op, stream_op=True).id
+
+    def query(self, event: str) -> bool:
+        """``cudaEventQuery``: has the event's latest issued record completed?  Never blocks."""
+        return bool(self._issue_dict({"op": "host_query", "event": event}).outcome)
+
+    def synchronize(self, *, event: str | None = None, stream: str | None = None) -> simpy.Event:
+        """Block (``yield`` the result) until ``event``'s record, every op issued so far on
+        ``stream``, or (neither given) every op issued so far has completed."""
+        d = {"op": "host_sync"}
+        if event is not None:
+            d["event"] = event
+        if stream is not None:
+            d["stream"] = stream
+        return self._ex.pending_event(self._issue_dict(d))
+
+    def delay(self, duration_us: float) -> simpy.Event:
+        """Advance this host's time (``yield`` the result)."""
+        return self._ex.pending_event(self._issue_dict({"op": "host_delay", "duration_us": duration_us}))
+
+    def barrier(self, name: str, hosts) -> simpy.Event:
+        """Block (``yield`` the result) until every host in ``hosts`` has reached barrier
+        ``name``; the k-th call with one name is the k-th instance of that barrier."""
+        return self._ex.pending_event(self._issue_dict({"op": "barrier", "barrier": name,
+                                                        "hosts": list(hosts)}))
+
+    def _issue_dict(self, d: dict, stream_op: bool = False):
+        if not isinstance(d, dict):
+            raise InputError(f"host {self.name}", f"expected an op object, got {type(d).__name__}")
+        d = dict(d)
+        if stream_op and d.get("op") not in self._ex.stream_ops:
+            raise InputError(f"host {self.name}", f"issue() takes stream ops {list(self._ex.stream_ops)}; "
+                             "use query(), synchronize(), delay() or barrier() for host ops")
+        d.setdefault("host", self.name)
+        if d["host"] != self.name:
+            raise InputError(f"host {self.name}", f"op names host {d['host']!r}; a host issues its own ops")
+        op = self._ex.builder.add(d, resolve=self._ex.resolve_query)
+        self._ex.issue(op)
+        return op
+
+
 class Executor:
-    def __init__(self, schedule: Schedule, profile: Profile, *, seed: int = 0,
-                 ties: TieBreak | None = None, torn: bool = True, materialise: bool = True):
-        self.s = schedule
+    """One run: streams, links and memory, fed by host programs (see module doc)."""
+
+    stream_ops = ("copy", "read", "write", "compute", "record", "wait")
+
+    def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
+                 seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True):
+        self.buffers = buffers
+        self.builder = builder               # validates the ops of running host programs
         self.p = profile
         self.torn = torn
         self.rng = np.random.default_rng(seed)
         self.ties = ties or TieBreak()
-        self.mem = Memory(schedule.buffers, materialise=materialise)
-        self.clipped = {}
-        self.oob = []
-        for op in schedule.ops:
-            if op.op == "copy":
-                src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
-                ext = op.plan.extents
-                self.clipped[op.id] = clip_extents(ext, src.nbytes, dst.nbytes)
-                self.oob.extend(self._oob_reports(op, ext, src, dst))
-        # same schedule, same memory model: run state
+        self.mem = Memory(buffers, materialise=materialise)
         self.env = simpy.Environment()
+        self.queues = {name: simpy.Store(self.env) for name in streams}
+        self.issued: list = []
+        self.done: dict[int, simpy.Event] = {}
+        self.pending: dict[int, simpy.Event] = {}    # host op index -> event its host must yield
+        self.barriers: dict[str, list] = {}          # barrier instance -> [participants left, event]
+        self.clipped: dict[str, Clipped] = {}
+        self.oob: list[dict] = []
         self.active: list[_Copy] = []
         self.reads: list[ReadCapture] = []
         self.timings: dict[str, tuple[float, float]] = {}
         self.tie_orders: list[tuple[float, list[str]]] = []
-        self._pending: list = []
+        self._pending_gate: list = []
         self._links: dict = {}
         self.item_end_us: dict[str, np.ndarray] = {}
         self.access_us: dict[str, float] = {}
         self.access_seq: dict[str, int] = {}
+        for name in streams:
+            self.env.process(self._stream(self.queues[name]))
+
+    # ---------------------------------------------------------------- issue
+    def resolve_query(self, record_index: int | None) -> bool:
+        """A host_query's outcome: its bound record has completed (no record: True, as CUDA)."""
+        return record_index is None or self.done[record_index].triggered
+
+    def pending_event(self, op) -> simpy.Event:
+        return self.pending.pop(op.index)
+
+    def issue(self, op) -> None:
+        """Put one validated op into play at the current time."""
+        self.issued.append(op)
+        self.done[op.index] = self.env.event()
+        now = self.env.now
+        if op.op == "copy":
+            src, dst = self.buffers[op.src], self.buffers[op.dst]
+            self.clipped[op.id] = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+            self.oob.extend(self._oob_reports(op, op.plan.extents, src, dst))
+        if op.stream is not None:
+            self.queues[op.stream].put(op)
+            return
+        if op.op == "host_delay":
+            ev = self.env.timeout(op.duration_us)
+        elif op.op in ("host_sync", "host_query"):
+            targets = op.sync_targets if (op.op == "host_sync" or op.outcome) else ()
+            ev = self.env.all_of([self.done[i] for i in targets]) if op.op == "host_sync" else None
+        elif op.op == "barrier":
+            inst = self.barriers.setdefault(op.barrier, [len(op.hosts), self.env.event()])
+            inst[0] -= 1
+            if inst[0] == 0:
+                inst[1].succeed()
+            ev = inst[1]
+        else:
+            raise AssertionError(f"unknown host op {op.op}")
+        if ev is None:
+            self.timings[op.id] = (now, now)
+            self.done[op.index].succeed()
+            return
+
+        def finish(_e, op=op, t0=now):
+            self.timings[op.id] = (t0, self.env.now)
+            self.done[op.index].succeed()
+        ev.callbacks.append(finish)
+        self.pending[op.index] = ev
 
     # ---------------------------------------------------------------- reports
     def _oob_reports(self, op, ext, src, dst) -> list[dict]:
@@ -165,10 +304,7 @@ class Executor:
 
     # ---------------------------------------------------------------- time helpers
     def _link(self, op):
-        src, dst = self.s.buffers[op.src], self.s.buffers[op.dst]
-        if src.location == "host" and dst.location == "host":
-            raise InputError(f"ops[{op.index}] ({op.id})", "host-to-host copies are not modelled; "
-                             "expected a device buffer on at least one side")
+        src, dst = self.buffers[op.src], self.buffers[op.dst]
         if src.location == "host":
             key, gbps = ("h2d", dst.device // self.p.gpus_per_link), self.p.h2d_gbps
         elif dst.location == "host":
@@ -182,13 +318,13 @@ class Executor:
     def _gate(self, op):
         """Wait for every op ready at this instant, then go in the tie-break order."""
         ev = self.env.event()
-        if not self._pending:
+        if not self._pending_gate:
             self.env.timeout(0).callbacks.append(self._release)
-        self._pending.append((op, ev))
+        self._pending_gate.append((op, ev))
         return ev
 
     def _release(self, _event):
-        batch, self._pending = self._pending, []
+        batch, self._pending_gate = self._pending_gate, []
         ordered = self.ties.order([op for op, _ in batch])
         if len(batch) > 1:
             self.tie_orders.append((self.env.now, [o.id for o in ordered]))
@@ -214,42 +350,30 @@ class Executor:
             self.mem.apply_copy(cp.op.src, cp.op.dst, cp.c, cp.extent_slice(a, b))
 
     # ---------------------------------------------------------------- processes
-    def run(self) -> RunResult:
-        queues = {name: simpy.Store(self.env) for name in self.s.streams}
-        done = {op.index: self.env.event() for op in self.s.ops}
-        for name in self.s.streams:
-            self.env.process(self._stream(queues[name], done))
-        self.env.process(self._host(queues, done))
+    def run(self, programs: dict[str, HostProgram], schedule: Schedule | None = None) -> RunResult:
+        """Run host programs to the end; ``schedule`` is what they issue (static runs),
+        else the builder's record of what they issued."""
+        for name, program in programs.items():
+            self.env.process(program(Host(self, name)))
         self.env.run()
-        unfinished = [op.id for op in self.s.ops if not done[op.index].triggered]
-        if unfinished:  # cannot happen for a validated schedule; guard the invariant
-            raise AssertionError(f"ops never completed: {unfinished[:5]}")
-        return RunResult(self.s, self.p, self.mem, self.reads, self.timings, self.tie_orders,
+        unfinished = [op for op in self.issued if not self.done[op.index].triggered]
+        if unfinished:
+            hosts = sorted({op.host for op in unfinished if op.stream is None})
+            raise InputError("hosts", f"the run ended with ops that never completed "
+                             f"({[op.id for op in unfinished[:5]]}); hosts {hosts} are blocked (a barrier "
+                             "that some named host never reached)")
+        s = schedule if schedule is not None else self.builder.finish().schedule()
+        return RunResult(s, self.p, self.mem, self.reads, self.timings, self.tie_orders,
                          self.oob, self.env.now, self.item_end_us, self.access_us,
-                         self.access_seq, self.torn)
+                         self.access_seq, self.torn, list(s.unbound))
 
-    def _host(self, queues, done):
-        for op in self.s.ops:
-            if op.op == "host_delay":
-                t0 = self.env.now
-                yield self.env.timeout(op.duration_us)
-                self.timings[op.id] = (t0, self.env.now)
-                done[op.index].succeed()
-            elif op.op == "host_sync":
-                t0 = self.env.now
-                if op.sync_targets:
-                    yield self.env.all_of([done[i] for i in op.sync_targets])
-                self.timings[op.id] = (t0, self.env.now)
-                done[op.index].succeed()
-            else:
-                queues[op.stream].put(op)
-
-    def _stream(self, queue, done):
+    def _stream(self, queue):
         while True:
             op = yield queue.get()
             t0 = self.env.now
             if op.op == "wait":
-                yield done[op.bound_record]
+                if op.bound_record is not None:
+                    yield self.done[op.bound_record]
             elif op.op == "compute":
                 jitter = max(0.0, 1.0 + self.p.jitter_frac * self.rng.standard_normal())
                 yield self.env.timeout(op.duration_us * jitter)
@@ -270,7 +394,7 @@ class Executor:
                 yield from self._copy(op)
                 t0 = self.timings.pop(op.id)[0]
             self.timings[op.id] = (t0, self.env.now)
-            done[op.index].succeed()
+            self.done[op.index].succeed()
 
     def _copy(self, op):
         yield self._gate(op)
@@ -335,8 +459,46 @@ class Executor:
                                       s[m] + (a[m] - d[m]) - c.src_nbytes)
 
 
+def _static_program(ops: list) -> HostProgram:
+    """The host program of a static schedule: issue this host's ops in list order."""
+    def program(host: Host):
+        ex = host._ex
+        for op in ops:
+            ex.issue(op)
+            if op.index in ex.pending:
+                yield ex.pending_event(op)
+    return program
+
+
 def run_schedule(schedule: Schedule, profile: Profile, **kw) -> RunResult:
-    return Executor(schedule, profile, **kw).run()
+    """Run a static schedule: each of its hosts issues its own ops in list order."""
+    by_host: dict[str, list] = {h: [] for h in schedule.hosts}
+    for op in schedule.ops:
+        by_host[op.host].append(op)
+    ex = Executor(schedule.buffers, schedule.streams, profile, **kw)
+    return ex.run({h: _static_program(ops) for h, ops in by_host.items()}, schedule)
+
+
+def run_programs(header: dict, programs: dict[str, HostProgram], profile: Profile, **kw) -> RunResult:
+    """Run host programs against the buffers, streams and events of ``header`` (a
+    schedule document; its ``ops``, if any, are ignored; ``hosts`` defaults to the
+    programs' names).  Ops are validated as they are issued, without the MAX_OPS
+    bound of documents.  The result's ``schedule`` is the recorded run: its
+    ``to_json()`` (``RunResult.recorded``) re-runs statically to the same result."""
+    if not isinstance(header, dict):
+        raise InputError("", f"a schedule header must be a JSON object, got {type(header).__name__}")
+    doc = dict(header)
+    doc["ops"] = []
+    doc["kvrace_schedule"] = max(2, doc.get("kvrace_schedule", 2)) if isinstance(doc.get("kvrace_schedule"), int) \
+        else doc.get("kvrace_schedule")
+    doc.setdefault("hosts", list(programs))
+    builder = ScheduleBuilder(doc, max_ops=None)
+    unknown = sorted(set(programs) - set(builder.hosts))
+    if unknown:
+        raise InputError("hosts", f"programs for hosts {unknown} that the header does not declare; "
+                         f"expected hosts among {list(builder.hosts)}")
+    ex = Executor(builder.buffers, builder.streams, profile, builder=builder, **kw)
+    return ex.run(programs)
 
 
 def run_reference(schedule: Schedule, *, materialise: bool = True) -> RunResult:

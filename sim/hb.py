@@ -2,10 +2,15 @@
 intra-launch races of single copies.
 
 Edges (never timing): consecutive ops of one stream; a ``record`` to every
-``wait`` bound to it; a ``host_sync``'s targets to the ``host_sync``; a
-``host_sync`` to every op issued after it.  Issue order is a topological order
-of these edges, so vector clocks are computed in one pass: ``clock[op][s]`` is
-the number of ops of stream ``s`` that happen before or at ``op``.
+``wait`` bound to it; a host op (``host_sync``, ``host_delay``, ``host_query``,
+``barrier``) to every op its host issues after it; a ``host_sync``'s targets
+and a positive ``host_query``'s record to that op; a ``barrier``'s participants'
+barrier ops to every op a participant issues after it.  A wait, sync or query
+with no record issued before it binds to nothing and adds no edge (CUDA).
+Issue order is a topological order of these edges, so vector clocks are
+computed in one pass, with one component per stream and one per host:
+``clock[op][c]`` is the number of ops of component ``c`` that happen before or
+at ``op``.
 ``hb_graph`` builds the same relation as a networkx DiGraph, for explanation
 (``networkx.shortest_path`` gives the chain that orders two ops) and for the
 differential test that keeps the two equal.
@@ -57,41 +62,61 @@ MAX_RACE_RANGES = 8
 
 
 class HappensBefore:
+    """Vector clocks with one component per stream and one per host.
+
+    Component ``c`` of ``clock[op]`` counts the ops of stream or host ``c`` that
+    happen before or at ``op``; ``pos[op]`` is the op's 1-based position in its own
+    component (a stream op's stream, a host op's host).  Edges: stream order;
+    record -> wait; a host's program order from each of its host ops
+    (``host_sync``, ``host_delay``, ``host_query``, ``barrier``) to every op it
+    issues later; a ``host_sync``'s targets and a positive ``host_query``'s record
+    to that op; a ``barrier``: every participant's barrier op to every op a
+    participant issues after it.  Stream ops issued by one host are not ordered
+    by that alone (the GPU runs them asynchronously)."""
+
     def __init__(self, schedule: Schedule):
         self.s = schedule
         names = list(schedule.streams)
         self.stream_idx = {n: i for i, n in enumerate(names)}
-        n_ops, n_streams = len(schedule.ops), len(names)
-        self.clock = np.zeros((n_ops, n_streams), dtype=np.int64)
-        self.pos = np.zeros(n_ops, dtype=np.int64)        # 1-based position on its stream
-        host = np.zeros(n_streams, dtype=np.int64)          # clock of the last host_sync
+        self.host_idx = {h: len(names) + i for i, h in enumerate(schedule.hosts)}
+        n_ops, n_comp = len(schedule.ops), len(names) + len(schedule.hosts)
+        self.clock = np.zeros((n_ops, n_comp), dtype=np.int64)
+        self.pos = np.zeros(n_ops, dtype=np.int64)
+        self.comp = np.zeros(n_ops, dtype=np.int64)          # component of each op
+        hc = {h: np.zeros(n_comp, dtype=np.int64) for h in schedule.hosts}   # what each host knows
+        barrier: dict[str, list] = {}                       # instance -> [joined clock, arrived]
         last: dict[str, int] = {}
-        count = np.zeros(n_streams, dtype=np.int64)
+        count = np.zeros(n_comp, dtype=np.int64)
         for op in schedule.ops:
             i = op.index
+            c = hc[op.host].copy()
             if op.stream is not None:
-                si = self.stream_idx[op.stream]
-                c = host.copy()
+                k = self.stream_idx[op.stream]
                 if op.stream in last:
-                    c = np.maximum(c, self.clock[last[op.stream]])
-                if op.op == "wait":
-                    c = np.maximum(c, self.clock[op.bound_record])
-                count[si] += 1
-                c[si] = count[si]
-                self.clock[i] = c
-                self.pos[i] = count[si]
+                    np.maximum(c, self.clock[last[op.stream]], out=c)
+                if op.op == "wait" and op.bound_record is not None:
+                    np.maximum(c, self.clock[op.bound_record], out=c)
                 last[op.stream] = i
-            elif op.op == "host_sync":
+            else:
+                k = self.host_idx[op.host]
                 for t in op.sync_targets:
-                    host = np.maximum(host, self.clock[t])
-                self.clock[i] = host
-            else:  # host_delay orders nothing
-                self.clock[i] = host
+                    np.maximum(c, self.clock[t], out=c)
+            count[k] += 1
+            c[k] = count[k]
+            self.clock[i], self.pos[i], self.comp[i] = c, count[k], k
+            if op.stream is None:
+                hc[op.host] = c
+            if op.op == "barrier":
+                inst = barrier.setdefault(op.barrier, [np.zeros(n_comp, dtype=np.int64), 0])
+                np.maximum(inst[0], c, out=inst[0])
+                inst[1] += 1
+                if inst[1] == len(op.hosts):
+                    for h in op.hosts:
+                        hc[h] = np.maximum(hc[h], inst[0])
 
     def ordered(self, a: int, b: int) -> bool:
-        """True if op a happens before op b (both stream ops)."""
-        op = self.s.ops[a]
-        return op.stream is not None and self.clock[b][self.stream_idx[op.stream]] >= self.pos[a]
+        """True if op a happens before op b."""
+        return bool(self.clock[b][self.comp[a]] >= self.pos[a]) and a != b
 
     def concurrent(self, a: int, b: int) -> bool:
         return not self.ordered(a, b) and not self.ordered(b, a)
@@ -112,26 +137,31 @@ class HappensBefore:
 
 
 def hb_graph(schedule: Schedule) -> nx.DiGraph:
-    """Happens-before as an explicit graph (nodes are op indices)."""
+    """Happens-before as an explicit graph (nodes are op indices), edge by edge as
+    :class:`HappensBefore` describes it."""
     g = nx.DiGraph()
     last: dict[str, int] = {}
-    last_sync = None
+    before: dict[str, list] = {h: [] for h in schedule.hosts}    # a host's latest host op(s)
+    arrived: dict[str, list] = {}
     for op in schedule.ops:
-        g.add_node(op.index, id=op.id, op=op.op, stream=op.stream)
+        g.add_node(op.index, id=op.id, op=op.op, stream=op.stream, host=op.host)
+        for p in before[op.host]:
+            g.add_edge(p, op.index, why="host program order")
         if op.stream is not None:
             if op.stream in last:
                 g.add_edge(last[op.stream], op.index, why="stream order")
-            if op.op == "wait":
+            if op.op == "wait" and op.bound_record is not None:
                 g.add_edge(op.bound_record, op.index, why="record -> wait")
-            if last_sync is not None:
-                g.add_edge(last_sync, op.index, why="issued after host_sync")
             last[op.stream] = op.index
-        elif op.op == "host_sync":
-            for t in op.sync_targets:
-                g.add_edge(t, op.index, why="host_sync target")
-            if last_sync is not None:
-                g.add_edge(last_sync, op.index, why="host order")
-            last_sync = op.index
+            continue
+        for t in op.sync_targets:
+            g.add_edge(t, op.index, why=f"{op.op} target")
+        before[op.host] = [op.index]
+        if op.op == "barrier":
+            arrived.setdefault(op.barrier, []).append(op.index)
+            if len(arrived[op.barrier]) == len(op.hosts):
+                for h in op.hosts:
+                    before[h] = list(arrived[op.barrier])
     return g
 
 

@@ -1,19 +1,34 @@
 """Schedule: the versioned, JSON-serialisable program both halves of kvrace run.
 
 A schedule says *what* runs on which stream, never when.  Its ops form one list
-in **host issue order** (the order a CUDA host program would issue them); each
-op names its stream, so a stream's FIFO order is the subsequence of its ops.
-``host_sync`` and ``host_delay`` act on the host itself: ops after a
-``host_sync`` are issued only once its target has completed.
+in **issue order** (the order in which the hosts issued them); each op names its
+stream (stream ops) or acts on its host (host ops), and carries its host
+(default ``host``), so a stream's FIFO order is the subsequence of its ops and a
+host's program order the subsequence of its ops.
 
-A ``wait`` binds to the latest ``record`` of its event issued before it (CUDA
-semantics).  CUDA treats a wait on a never-recorded event as a no-op; kvrace
-rejects it, because such a schedule always means "wait for a record that can
-only come later", which would deadlock.
+* ``host_sync`` blocks its host until its target completes (an event's bound
+  record, every op issued so far on a stream, or every op issued so far:
+  device synchronize); ``host_delay`` advances its host's time.
+* ``host_query`` (format 2) is ``cudaEventQuery``: it does not block and
+  records its ``outcome``; a positive query is a happens-before edge from the
+  event's bound record (the host saw it complete), and a GPU replay turns it
+  into a ``host_sync``.
+* ``barrier`` (format 2) blocks each host named in ``hosts`` until all of them
+  have reached the barrier instance ``barrier`` (TP ranks in lockstep, a PD
+  hand-off): every op of the participants issued before it happens before every
+  op they issue after it.  In the list, a participant's ops after a barrier
+  come after every participant's barrier op (the list is an issue order).
 
-JSON shape (``kvrace_schedule`` is the format version)::
+A ``wait``, ``host_sync`` or ``host_query`` binds to the latest ``record`` of
+its event issued before it (CUDA semantics).  With no record issued yet, CUDA
+makes a wait and an event synchronize no-ops and reports a query complete;
+kvrace does the same and lists the op in ``Schedule.unbound``: a consumer's wait
+issued before the producer's record orders nothing, a real bug class.
 
-    {"kvrace_schedule": 1, "name": "...", "description": "...",
+JSON shape (``kvrace_schedule`` is the format version; 1 still loads: one host)::
+
+    {"kvrace_schedule": 2, "name": "...", "description": "...",
+     "hosts": ["host", ...],
      "buffers": [{"name", "location": "device"|"host", "device": 0, "kind",
                   "layout": {...}, "init": [{"layers", "indices", "owner",
                   "version", "first_unit"}]}],
@@ -24,11 +39,15 @@ JSON shape (``kvrace_schedule`` is the format version)::
              {"op": "compute", "stream", "duration_us"},
              {"op": "record"|"wait", "stream", "event"},
              {"op": "host_sync", "event"|"stream"|nothing (= device synchronize)},
-             {"op": "host_delay", "duration_us"}]}
+             {"op": "host_delay", "duration_us"},
+             {"op": "host_query", "event", "outcome": true|false},
+             {"op": "barrier", "barrier": "tp_step_3", "hosts": ["rank0", "rank1"]}]}
 
-Every op may carry an ``id`` (default ``op<index>``).  ``validate`` turns the
-JSON into a :class:`Schedule` or raises :class:`~sim.errors.InputError` naming
-the op and the field.
+Every op may carry an ``id`` (default ``op<index>``) and a ``host``.
+:class:`ScheduleBuilder` validates a header and then one op at a time, in
+issue order (the online executor's ``Host.issue`` uses it); ``validate`` runs
+it over a whole document.  Every problem is an
+:class:`~sim.errors.InputError` naming the op and the field.
 """
 from __future__ import annotations
 
@@ -46,7 +65,9 @@ from sim.errors import InputError, require, show
 from sim.pools.layouts import layout_from_json
 from sim.transfers.routines import ROUTINES, count_out_of_bounds, plan as plan_copy
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2             # the format written; 1 still loads (one host, no host_query/barrier)
+SCHEMA_VERSIONS = (1, 2)
+DEFAULT_HOST = "host"
 # ---- limits: every one is checked before anything it bounds is built, and named in its error
 MAX_FILE_BYTES = 64 << 20      # a schedule file: 64 MiB of JSON
 INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1   # every integer field is an int64
@@ -69,8 +90,12 @@ MAX_OUT_OF_BOUNDS = 1 << 14    # copy extent sides outside their buffer (the rep
 MAX_DURATION_US = 1e9          # one compute or host_delay: 1,000 s
 MAX_NAME_CHARS = 256           # a buffer, kind, stream, event or op name
 MAX_DEVICE = 1023              # device ordinals
-OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay")
+OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay", "host_query",
+            "barrier")
 STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
+HOST_OPS = ("host_sync", "host_delay", "host_query", "barrier")
+V2_OPS = ("host_query", "barrier")
+MAX_HOSTS = 1024
 
 
 @dataclass(frozen=True)
@@ -125,6 +150,10 @@ class Op:
     bound_record: int | None = None     # wait/host_sync(event): index of the record op it binds to
     sync_stream: str | None = None      # host_sync(stream)
     sync_targets: tuple[int, ...] = ()  # host_sync: indices of the ops it waits for
+    host: str = DEFAULT_HOST            # the host that issued it
+    outcome: bool | None = None         # host_query: did it see its record complete?
+    barrier: str | None = None          # barrier: the instance name
+    hosts: tuple[str, ...] = ()         # barrier: its participants
     raw: dict = field(default_factory=dict)
 
 
@@ -137,9 +166,13 @@ class Schedule:
     events: tuple[str, ...]
     ops: list[Op]
     raw: dict
+    hosts: tuple[str, ...] = (DEFAULT_HOST,)
+    unbound: list[dict] = field(default_factory=list)   # waits/syncs/queries with no record issued
 
     def digest(self) -> str:
-        text = json.dumps(self.raw, sort_keys=True, separators=(",", ":"))
+        """sha256 of the canonical (format 2) document: a version 1 file and its
+        format 2 form are one program and have one digest."""
+        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
     def op(self, op_id: str) -> Op:
@@ -149,7 +182,12 @@ class Schedule:
         raise KeyError(op_id)
 
     def to_json(self) -> dict:
-        return self.raw
+        """The canonical format 2 document: every op with its id and host."""
+        doc = {k: v for k, v in self.raw.items() if k != "ops"}
+        doc["kvrace_schedule"] = SCHEMA_VERSION
+        doc["hosts"] = list(self.hosts)
+        doc["ops"] = [{**op.raw, "id": op.id, "host": op.host} for op in self.ops]
+        return doc
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -409,136 +447,255 @@ def _copy_indices(args: dict, src, dst, where: str) -> int:
     return n * max(nl, 1)
 
 
-def validate(doc: Any) -> Schedule:
-    """Parse and check a schedule document; raise InputError naming the key."""
-    require(isinstance(doc, dict), "", f"a schedule must be a JSON object, got {type(doc).__name__}")
-    version = doc.get("kvrace_schedule")
-    require(version == SCHEMA_VERSION, "kvrace_schedule",
-            f"expected format version {SCHEMA_VERSION}, got {show(version)}")
-    _check_keys(doc, {"kvrace_schedule", "name", "description", "buffers", "streams", "events", "ops"}, "")
-    name = _label(doc, "name", "", default="unnamed")
-    description = _get(doc, "description", "", str, default="")
-    totals = _Totals()
+class ScheduleBuilder:
+    """A schedule under construction: the header is validated at once, then ops
+    one at a time in issue order (:meth:`add`), by the same rules whether they
+    come from a document (``validate``) or from a running host program
+    (``sim.executor.Host.issue``).
 
-    buffers: dict[str, BufferSpec] = {}
-    buffer_list = _get(doc, "buffers", "", list)
-    require(len(buffer_list) <= MAX_BUFFERS, "buffers",
-            f"expected at most {MAX_BUFFERS} (MAX_BUFFERS) buffers, got {len(buffer_list)}")
-    for i, b in enumerate(buffer_list):
-        spec = _parse_buffer(b, f"buffers[{i}]", totals)
-        require(spec.name not in buffers, f"buffers[{i}].name", f"duplicate buffer name {show(spec.name)}")
-        buffers[spec.name] = spec
+    ``max_ops`` bounds a document (MAX_OPS); host programs pass ``None``.
+    """
 
-    streams: dict[str, int] = {}
-    stream_list = _get(doc, "streams", "", list)
-    require(len(stream_list) <= MAX_STREAMS, "streams",
-            f"expected at most {MAX_STREAMS} (MAX_STREAMS) streams, got {len(stream_list)}")
-    for i, s in enumerate(stream_list):
-        w = f"streams[{i}]"
-        if isinstance(s, str):
-            s = {"name": s}
-        if not isinstance(s, dict):
-            raise InputError(w, f"expected a name or an object, got {show(s)}")
-        _check_keys(s, {"name", "device"}, w)
-        sname = _label(s, "name", w)
-        require(sname not in streams, f"{w}.name", f"duplicate stream name {show(sname)}")
-        device = _get(s, "device", w, int, default=0)
-        require(0 <= device <= MAX_DEVICE, f"{w}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
-        streams[sname] = device
-    events = _get(doc, "events", "", list, default=[])
-    require(len(events) <= MAX_EVENTS, "events",
-            f"expected at most {MAX_EVENTS} (MAX_EVENTS) events, got {len(events)}")
-    for i, e in enumerate(events):
-        if not isinstance(e, str) or not 0 < len(e) <= MAX_NAME_CHARS:
-            raise InputError(f"events[{i}]", f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) "
-                             f"characters, got {show(e)}")
-    require(len(set(events)) == len(events), "events", "duplicate event names")
+    def __init__(self, doc: Any, *, max_ops: int | None = MAX_OPS):
+        require(isinstance(doc, dict), "", f"a schedule must be a JSON object, got {type(doc).__name__}")
+        version = doc.get("kvrace_schedule")
+        require(version in SCHEMA_VERSIONS, "kvrace_schedule",
+                f"expected format version {' or '.join(map(str, SCHEMA_VERSIONS))}, got {show(version)}")
+        self.version = version
+        keys = {"kvrace_schedule", "name", "description", "buffers", "streams", "events", "ops"}
+        _check_keys(doc, keys | ({"hosts"} if version >= 2 else set()), "")
+        self.doc = doc
+        self.name = _label(doc, "name", "", default="unnamed")
+        self.description = _get(doc, "description", "", str, default="")
+        self.max_ops = max_ops
+        self.totals = _Totals()
 
-    ops: list[Op] = []
-    ids: set[str] = set()
-    last_record: dict[str, int] = {}
-    last_on_stream: dict[str, int] = {}
-    op_list = _get(doc, "ops", "", list)
-    require(len(op_list) <= MAX_OPS, "ops", f"expected at most {MAX_OPS} (MAX_OPS) ops, got {len(op_list)}")
-    for i, d in enumerate(op_list):
+        self.buffers: dict[str, BufferSpec] = {}
+        buffer_list = _get(doc, "buffers", "", list)
+        require(len(buffer_list) <= MAX_BUFFERS, "buffers",
+                f"expected at most {MAX_BUFFERS} (MAX_BUFFERS) buffers, got {len(buffer_list)}")
+        for i, b in enumerate(buffer_list):
+            spec = _parse_buffer(b, f"buffers[{i}]", self.totals)
+            require(spec.name not in self.buffers, f"buffers[{i}].name", f"duplicate buffer name {show(spec.name)}")
+            self.buffers[spec.name] = spec
+
+        self.streams: dict[str, int] = {}
+        stream_list = _get(doc, "streams", "", list)
+        require(len(stream_list) <= MAX_STREAMS, "streams",
+                f"expected at most {MAX_STREAMS} (MAX_STREAMS) streams, got {len(stream_list)}")
+        for i, st in enumerate(stream_list):
+            w = f"streams[{i}]"
+            if isinstance(st, str):
+                st = {"name": st}
+            if not isinstance(st, dict):
+                raise InputError(w, f"expected a name or an object, got {show(st)}")
+            _check_keys(st, {"name", "device"}, w)
+            sname = _label(st, "name", w)
+            require(sname not in self.streams, f"{w}.name", f"duplicate stream name {show(sname)}")
+            device = _get(st, "device", w, int, default=0)
+            require(0 <= device <= MAX_DEVICE, f"{w}.device",
+                    f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
+            self.streams[sname] = device
+        self.events = tuple(_name_list(doc, "events", MAX_EVENTS, "MAX_EVENTS", default=[]))
+        self.hosts = tuple(_name_list(doc, "hosts", MAX_HOSTS, "MAX_HOSTS", default=[DEFAULT_HOST]))
+        require(len(self.hosts) > 0, "hosts", "expected at least one host")
+
+        self.ops: list[Op] = []
+        self.unbound: list[dict] = []
+        self._ids: set[str] = set()
+        self._last_record: dict[str, int] = {}
+        self._last_on_stream: dict[str, int] = {}
+        self._barriers: dict[str, dict] = {}     # instance -> {"hosts": tuple, "arrived": set}
+        self._blocked: dict[str, str] = {}       # host -> barrier instance it waits at
+        self._resolve = None                     # host_query outcomes of a running host (see add)
+
+    def add(self, d: Any, *, resolve=None) -> Op:
+        """Validate one op (issued now, after every op added so far) and append it.
+
+        ``resolve(record_index) -> bool`` gives a ``host_query``'s outcome when the
+        op comes from a running host (documents carry their ``outcome``)."""
+        i = len(self.ops)
         w = f"ops[{i}]"
+        if self.max_ops is not None:
+            require(i < self.max_ops, w, f"expected at most {self.max_ops} (MAX_OPS) ops")
         if not isinstance(d, dict):
             raise InputError(w, f"expected an object, got {show(d)}")
         kind = _get(d, "op", w, str)
-        require(kind in OP_KINDS, f"{w}.op", f"unknown op {show(kind)}; expected one of {list(OP_KINDS)}")
+        kinds = OP_KINDS if self.version >= 2 else tuple(k for k in OP_KINDS if k not in V2_OPS)
+        require(kind in kinds, f"{w}.op", f"unknown op {show(kind)}; expected one of {list(kinds)}"
+                + ("" if self.version >= 2 else " (host_query and barrier need kvrace_schedule 2)"))
         op_id = _label(d, "id", w, default=f"op{i}")
-        require(op_id not in ids, f"{w}.id", f"duplicate op id {show(op_id)}")
-        ids.add(op_id)
+        require(op_id not in self._ids, f"{w}.id", f"duplicate op id {show(op_id)}")
         w = f"ops[{i}] ({op_id})"
-        op = Op(index=i, id=op_id, op=kind, raw=d)
-        common = {"op", "id", "note"}
+        host = _name(d, "host", w, self.hosts, "host") if "host" in d else DEFAULT_HOST
+        require(host in self.hosts, f"{w}.host",
+                f"op of host {show(host)}, which is not declared; expected one of {show(list(self.hosts))}")
+        if host in self._blocked:
+            inst = self._blocked[host]
+            missing = sorted(set(self._barriers[inst]["hosts"]) - self._barriers[inst]["arrived"])
+            raise InputError(w, f"host {show(host)} issues this op after barrier {show(inst)}, which hosts "
+                             f"{show(missing)} reach only later in the list; list ops in issue order")
+        op = Op(index=i, id=op_id, op=kind, raw=d, host=host)
+        common = {"op", "id", "note"} | ({"host"} if self.version >= 2 else set())
         if kind in STREAM_OPS:
-            op.stream = _name(d, "stream", w, streams, "stream")
-        if kind == "copy":
-            _check_keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
-            op.routine = _name(d, "routine", w, ROUTINES, "routine")
-            op.src = _name(d, "src", w, buffers, "buffer")
-            op.dst = _name(d, "dst", w, buffers, "buffer")
-            src, dst = buffers[op.src], buffers[op.dst]
-            require(not (src.location == "host" and dst.location == "host"), w,
-                    "host-to-host copies are not modelled; expected a device buffer on at least one side")
-            args = _get(d, "args", w, dict, default={})
-            totals.add_indices(_copy_indices(args, src.layout, dst.layout, f"{w}.args"), f"{w}.args.src_indices")
-            op.args = _normalise_args(args, f"{w}.args")
-            op.plan = plan_copy(op.routine, buffers[op.src].layout, buffers[op.dst].layout,
-                                op.args, w)
-            totals.add_out_of_bounds(count_out_of_bounds(op.plan.extents, src.nbytes, dst.nbytes), w)
-        elif kind in ("read", "write"):
-            extra = {"owner", "version"} if kind == "write" else set()
-            _check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
-            op.buffer = _name(d, "buffer", w, buffers, "buffer")
-            op.layer, op.units, op.extents = _selection(d, w, buffers[op.buffer], totals,
-                                                        allow_ranges=(kind == "read"))
-            if kind == "write":
-                require("units" in d, f"{w}.units",
-                        "a write names the units it stores (the pattern's unit is the buffer's unit)")
-                op.owner = _get(d, "owner", w, int, default=-1)
-                op.version = _get(d, "version", w, int, default=1)
-        elif kind in ("compute", "host_delay"):
-            _check_keys(d, common | {"stream", "duration_us"}, w)
-            duration = _get(d, "duration_us", w, (int, float))
-            require(isinstance(duration, float) or abs(duration) <= MAX_DURATION_US, f"{w}.duration_us",
-                    f"expected 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
-            op.duration_us = float(duration)
-            require(math.isfinite(op.duration_us) and 0 <= op.duration_us <= MAX_DURATION_US,
-                    f"{w}.duration_us",
-                    f"expected a finite number in 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
-        elif kind in ("record", "wait"):
-            _check_keys(d, common | {"stream", "event"}, w)
-            op.event = _name(d, "event", w, events, "event")
-            if kind == "record":
-                last_record[op.event] = i
-            else:
-                require(op.event in last_record, f"{w}.event",
-                        f"wait on event {show(op.event)}, which has no record issued before it: it would "
-                        "never complete (deadlock); record the event earlier in the op list")
-                op.bound_record = last_record[op.event]
-        elif kind == "host_sync":
-            _check_keys(d, common | {"event", "stream"}, w)
-            require(not ("event" in d and "stream" in d), w, "expected 'event' or 'stream', not both")
-            if "event" in d:
-                op.event = _name(d, "event", w, events, "event")
-                require(op.event in last_record, f"{w}.event",
-                        f"host_sync on event {show(op.event)}, which has no record issued before it: "
-                        "the host would block forever (deadlock)")
-                op.bound_record = last_record[op.event]
-            elif "stream" in d:
-                op.sync_stream = _name(d, "stream", w, streams, "stream")
-            if op.bound_record is not None:
-                op.sync_targets = (op.bound_record,)
-            elif op.sync_stream is not None:
-                op.sync_targets = tuple(last_on_stream[n] for n in (op.sync_stream,) if n in last_on_stream)
-            else:
-                op.sync_targets = tuple(last_on_stream.values())
+            op.stream = _name(d, "stream", w, self.streams, "stream")
+        self._resolve = resolve
+        try:
+            getattr(self, f"_parse_{kind}")(op, d, w, common)
+        finally:
+            self._resolve = None
         if op.stream is not None:
-            last_on_stream[op.stream] = i
-        ops.append(op)
-    return Schedule(name, description, buffers, streams, tuple(events), ops, doc)
+            self._last_on_stream[op.stream] = i
+        self._ids.add(op_id)
+        self.ops.append(op)
+        return op
+
+    # ---- one parser per op kind
+    def _parse_copy(self, op, d, w, common):
+        _check_keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
+        op.routine = _name(d, "routine", w, ROUTINES, "routine")
+        op.src = _name(d, "src", w, self.buffers, "buffer")
+        op.dst = _name(d, "dst", w, self.buffers, "buffer")
+        src, dst = self.buffers[op.src], self.buffers[op.dst]
+        require(not (src.location == "host" and dst.location == "host"), w,
+                "host-to-host copies are not modelled; expected a device buffer on at least one side")
+        args = _get(d, "args", w, dict, default={})
+        self.totals.add_indices(_copy_indices(args, src.layout, dst.layout, f"{w}.args"), f"{w}.args.src_indices")
+        op.args = _normalise_args(args, f"{w}.args")
+        op.plan = plan_copy(op.routine, src.layout, dst.layout, op.args, w)
+        self.totals.add_out_of_bounds(count_out_of_bounds(op.plan.extents, src.nbytes, dst.nbytes), w)
+
+    def _parse_read(self, op, d, w, common):
+        kind = op.op
+        extra = {"owner", "version"} if kind == "write" else set()
+        _check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
+        op.buffer = _name(d, "buffer", w, self.buffers, "buffer")
+        op.layer, op.units, op.extents = _selection(d, w, self.buffers[op.buffer], self.totals,
+                                                    allow_ranges=(kind == "read"))
+        if kind == "write":
+            require("units" in d, f"{w}.units",
+                    "a write names the units it stores (the pattern's unit is the buffer's unit)")
+            op.owner = _get(d, "owner", w, int, default=-1)
+            op.version = _get(d, "version", w, int, default=1)
+
+    _parse_write = _parse_read
+
+    def _parse_compute(self, op, d, w, common):
+        _check_keys(d, common | {"stream", "duration_us"}, w)
+        duration = _get(d, "duration_us", w, (int, float))
+        require(isinstance(duration, float) or abs(duration) <= MAX_DURATION_US, f"{w}.duration_us",
+                f"expected 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
+        op.duration_us = float(duration)
+        require(math.isfinite(op.duration_us) and 0 <= op.duration_us <= MAX_DURATION_US,
+                f"{w}.duration_us",
+                f"expected a finite number in 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
+
+    _parse_host_delay = _parse_compute
+
+    def _bind(self, op, d, w) -> None:
+        """Bind an event op to the latest record of its event issued before it; with
+        none, note it (CUDA: a no-op wait/synchronize, a query that reports complete)."""
+        op.event = _name(d, "event", w, self.events, "event")
+        op.bound_record = self._last_record.get(op.event)
+        if op.bound_record is None:
+            self.unbound.append({"op": op.id, "kind": op.op, "event": op.event, "host": op.host,
+                                 "stream": op.stream})
+
+    def _parse_record(self, op, d, w, common):
+        _check_keys(d, common | {"stream", "event"}, w)
+        op.event = _name(d, "event", w, self.events, "event")
+        self._last_record[op.event] = op.index
+
+    def _parse_wait(self, op, d, w, common):
+        _check_keys(d, common | {"stream", "event"}, w)
+        self._bind(op, d, w)
+
+    def _parse_host_sync(self, op, d, w, common):
+        _check_keys(d, common | {"event", "stream"}, w)
+        require(not ("event" in d and "stream" in d), w, "expected 'event' or 'stream', not both")
+        if "event" in d:
+            self._bind(op, d, w)
+            op.sync_targets = () if op.bound_record is None else (op.bound_record,)
+        elif "stream" in d:
+            op.sync_stream = _name(d, "stream", w, self.streams, "stream")
+            last = self._last_on_stream.get(op.sync_stream)
+            op.sync_targets = () if last is None else (last,)
+        else:
+            op.sync_targets = tuple(self._last_on_stream.values())
+
+    def _parse_host_query(self, op, d, w, common):
+        _check_keys(d, common | {"event", "outcome"}, w)
+        self._bind(op, d, w)
+        if self._resolve is not None:
+            op.outcome = bool(self._resolve(op.bound_record))
+            op.raw = {**d, "outcome": op.outcome}
+        else:
+            op.outcome = _get(d, "outcome", w, bool)
+            require(op.bound_record is not None or op.outcome, f"{w}.outcome",
+                    f"a query of event {show(op.event)}, which has no record issued before it, reports "
+                    "complete (cudaEventQuery returns cudaSuccess); expected true")
+        op.sync_targets = (op.bound_record,) if op.outcome and op.bound_record is not None else ()
+
+    def _parse_barrier(self, op, d, w, common):
+        _check_keys(d, common | {"barrier", "hosts"}, w)
+        op.barrier = _label(d, "barrier", w)
+        hosts = _get(d, "hosts", w, list)
+        for k, h in enumerate(hosts):
+            require(isinstance(h, str) and h in self.hosts, f"{w}.hosts[{k}]",
+                    f"expected a declared host {show(list(self.hosts))}, got {show(h)}")
+        op.hosts = tuple(sorted(set(hosts)))
+        require(op.host in op.hosts, f"{w}.hosts", f"expected the op's own host {show(op.host)} among them")
+        inst = self._barriers.setdefault(op.barrier, {"hosts": op.hosts, "arrived": set()})
+        require(inst["hosts"] == op.hosts, f"{w}.hosts",
+                f"barrier {show(op.barrier)} was first reached with hosts {show(list(inst['hosts']))}; "
+                "every participant names the same hosts")
+        require(op.host not in inst["arrived"], f"{w}.barrier",
+                f"host {show(op.host)} reaches barrier {show(op.barrier)} a second time; name each "
+                "barrier instance once (e.g. 'step_3')")
+        inst["arrived"].add(op.host)
+        if inst["arrived"] == set(op.hosts):
+            for h in op.hosts:
+                self._blocked.pop(h, None)
+        else:
+            self._blocked[op.host] = op.barrier
+
+    # ---- results
+    def finish(self) -> "ScheduleBuilder":
+        """Check that the list is complete: every barrier reached by all its hosts."""
+        for name, inst in self._barriers.items():
+            missing = sorted(set(inst["hosts"]) - inst["arrived"])
+            require(not missing, "ops", f"barrier {show(name)} is never reached by host(s) {show(missing)}: "
+                    "the hosts waiting at it would block forever (deadlock)")
+        return self
+
+    def schedule(self) -> Schedule:
+        raw = dict(self.doc)
+        raw["ops"] = [op.raw for op in self.ops]
+        return Schedule(self.name, self.description, self.buffers, self.streams, self.events, self.ops,
+                        raw, self.hosts, list(self.unbound))
+
+
+def _name_list(doc: dict, key: str, limit: int, limit_name: str, *, default) -> list[str]:
+    """A list of unique names (events, hosts) of at most ``limit`` entries."""
+    names = _get(doc, key, "", list, default=default)
+    require(len(names) <= limit, key, f"expected at most {limit} ({limit_name}) {key}, got {len(names)}")
+    for i, e in enumerate(names):
+        if not isinstance(e, str) or not 0 < len(e) <= MAX_NAME_CHARS:
+            raise InputError(f"{key}[{i}]", f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) "
+                             f"characters, got {show(e)}")
+    require(len(set(names)) == len(names), key, f"duplicate {key[:-1]} names")
+    return names
+
+
+def validate(doc: Any, *, max_ops: int | None = MAX_OPS) -> Schedule:
+    """Parse and check a schedule document (format 1 or 2); raise InputError naming the key."""
+    b = ScheduleBuilder(doc, max_ops=max_ops)
+    op_list = _get(doc, "ops", "", list)
+    if max_ops is not None:
+        require(len(op_list) <= max_ops, "ops", f"expected at most {max_ops} (MAX_OPS) ops, got {len(op_list)}")
+    for d in op_list:
+        b.add(d)
+    return b.finish().schedule()
 
 
 def load(path: str) -> Schedule:

@@ -297,6 +297,9 @@ def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int 
         "latent_races": races,
         "latent_races_total": scan.total,
         "intra_launch_races": intra_report,
+        # waits / host syncs / queries issued before any record of their event: CUDA makes
+        # them no-ops (a query reports complete), so they order nothing
+        "unbound_waits": list(s.unbound),
         "oob_writes": [o for o in run.oob if o["side"] == "dst"],
         "oob_reads": [o for o in run.oob if o["side"] == "src"],
         "placement": placement,
@@ -365,6 +368,11 @@ def summary_text(rep: dict) -> str:
             for w in rng["writers"][:3]:
                 if w["provenance"]:
                     lines.append(f"    item {w['item']} ({w['bytes']} B): {w['provenance'][0]['text']}")
+    for u in rep.get("unbound_waits", []):
+        where = f"stream {u['stream']}" if u.get("stream") else f"host {u['host']}"
+        lines.append(f"\nUNBOUND {u['kind'].upper()} {u['op']} ({where}) on event {u['event']}: no record of "
+                     f"{u['event']} was issued before it, so it orders nothing (a no-op in CUDA"
+                     f"{'; the query reports complete' if u['kind'] == 'host_query' else ''})")
     for pc in rep["placement"]:
         lines.append(f"\nPLACEMENT of {pc['op']} ({pc['routine']}) against {pc['reference_routine']} on the "
                      f"buffers' own geometry: {pc['items_placed_correctly']} of {pc['items']} tokens land "

@@ -29,12 +29,17 @@ def test_unknown_buffer_stream_event_routine_are_named():
         schedule_doc([{"op": "record", "stream": "s0", "event": "nope"}]))
 
 
-def test_wait_on_never_recorded_event_is_a_deadlock_error():
-    msg = err(schedule_doc([{"op": "wait", "stream": "s0", "event": "e0"},
-                            {"op": "record", "stream": "s0", "event": "e0"}]))
-    assert "ops[0] (op0).event" in msg and "deadlock" in msg
-    msg = err(schedule_doc([{"op": "host_sync", "event": "e1"}]))
-    assert "ops[0] (op0).event" in msg and "deadlock" in msg
+def test_wait_or_sync_on_a_never_recorded_event_is_a_cuda_noop_and_a_finding():
+    """CUDA: cudaStreamWaitEvent / cudaEventSynchronize on an event with no record
+    issued yet return at once (they order nothing); kvrace accepts the schedule and
+    lists the ops, since a consumer's wait issued before the producer's record is a bug."""
+    s = sched_mod.validate(schedule_doc([{"id": "w", "op": "wait", "stream": "s0", "event": "e0"},
+                                         {"id": "r", "op": "record", "stream": "s0", "event": "e0"},
+                                         {"id": "hs", "op": "host_sync", "event": "e1"},
+                                         {"id": "w2", "op": "wait", "stream": "s1", "event": "e0"}]))
+    assert [(u["op"], u["kind"], u["event"]) for u in s.unbound] == [("w", "wait", "e0"), ("hs", "host_sync", "e1")]
+    assert s.op("w").bound_record is None and s.op("hs").sync_targets == ()
+    assert s.op("w2").bound_record == s.op("r").index      # bound: not a finding
 
 
 def test_bad_routine_args_name_the_arg():
@@ -66,8 +71,8 @@ def test_selection_errors():
 
 def test_version_and_duplicates():
     doc = schedule_doc([])
-    doc["kvrace_schedule"] = 2
-    assert "kvrace_schedule: expected format version 1" in err(doc)
+    doc["kvrace_schedule"] = 3
+    assert "kvrace_schedule: expected format version 1 or 2, got 3" in err(doc)
     doc = schedule_doc([{"id": "a", "op": "compute", "stream": "s0", "duration_us": 1},
                         {"id": "a", "op": "compute", "stream": "s0", "duration_us": 1}])
     assert "duplicate op id 'a'" in err(doc)
