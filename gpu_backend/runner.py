@@ -5,7 +5,9 @@ The host walks ``schedule.ops`` in issue order (see ``sim.schedule`` and ``sim.e
 * one ``torch.cuda.Stream`` per schedule stream; a fresh ``torch.cuda.Event`` per ``record``;
 * ``wait``: ``stream.wait_event`` on the event of its bound record (``op.bound_record``);
 * ``host_sync``: ``event.synchronize()`` (bound record), ``stream.synchronize()`` or
-  ``torch.cuda.synchronize()``; ``host_delay``: a host busy-wait of ``duration_us``;
+  ``torch.cuda.synchronize()``; a positive ``host_query``: its record's ``synchronize()``
+  (a negative one, a ``barrier`` and a wait or sync with no record issued: nothing, as in
+  CUDA); ``host_delay``: a host busy-wait of ``duration_us``;
 * ``copy``: ``provider.launch`` on its stream (routines the provider does not support are refused
   before anything runs, naming the op);
 * ``read``: one gather of the read's extents into the read's own capture buffer, on its stream
@@ -497,7 +499,12 @@ class GpuSchedule:
         s = self.s
         events: dict[int, object] = {}
         for op in s.ops:
-            if op.op in ("host_sync", "host_delay"):
+            if op.stream is None:
+                # NOTE: one host thread issues every host's ops in list order (an issue order), so
+                # a barrier needs nothing more; a positive host_query replays as a host_sync on its
+                # record, a negative one and an unbound wait/sync as nothing (CUDA: no-ops).
+                if op.op == "barrier" or (op.op == "host_query" and not op.sync_targets):
+                    continue
                 if not released:
                     self._open_gate()
                     released = True
@@ -505,8 +512,9 @@ class GpuSchedule:
                     end = time.perf_counter() + op.duration_us * 1e-6
                     while time.perf_counter() < end:
                         pass
-                elif op.bound_record is not None:
-                    events[op.bound_record].synchronize()
+                elif op.event is not None:
+                    if op.bound_record is not None:
+                        events[op.bound_record].synchronize()
                 elif op.sync_stream is not None:
                     self.streams[op.sync_stream].synchronize()
                 else:
@@ -519,7 +527,8 @@ class GpuSchedule:
                 events[op.index] = ev
                 continue
             if op.op == "wait":
-                stream.wait_event(events[op.bound_record])
+                if op.bound_record is not None:
+                    stream.wait_event(events[op.bound_record])
                 continue
             if timings:
                 a, b = cuda.Event(enable_timing=True), cuda.Event(enable_timing=True)

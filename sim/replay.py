@@ -126,8 +126,13 @@ def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dic
                 record_name[op.index] = name
                 events.append(name)
                 d["event"] = name
-            elif op.op in ("wait", "host_sync") and op.bound_record is not None:
-                d["event"] = record_name[op.bound_record]
+            elif op.op in ("wait", "host_sync", "host_query") and op.event is not None:
+                if op.bound_record is not None:
+                    d["event"] = record_name[op.bound_record]
+                else:      # bound to no record (a CUDA no-op): keep it bound to none
+                    d["event"] = f"{op.event}@unbound"
+                    if d["event"] not in events:
+                        events.append(d["event"])
             add((op.index, 0, 0), d)
 
     by_id = {d["id"]: (key, d) for key, d in new_ops}
@@ -193,7 +198,7 @@ def _issue_order(s: Schedule, new_ops, extra_edges) -> list[dict]:
         g.add_edges_from(zip(ids[:-1], ids[1:]))
     record_of = {d["event"]: d["id"] for _, d in new_ops if d["op"] == "record"}
     for _, d in new_ops:
-        if d["op"] in ("wait", "host_sync") and "event" in d:
+        if d["op"] in ("wait", "host_sync", "host_query") and d.get("event") in record_of:
             g.add_edge(record_of[d["event"]], d["id"])
     g.add_edges_from(extra_edges)
     for h in host_ops:
