@@ -25,14 +25,18 @@ Semantics (CUDA's, as far as a schedule can express them):
   in :attr:`RunResult.unbound` (a consumer's wait issued before the producer's
   record orders nothing: a real bug class).
 * A ``copy`` takes its link (PCIe per GPU and direction, shared by
-  ``gpus_per_link`` GPUs; device-to-device copies use HBM and take no link),
-  then its items land over time as ``sim.transfers.timing`` says.  Bytes of an
+  ``gpus_per_link`` GPUs; device-to-device copies use HBM and take no link;
+  with the profile's ``link.sharing = "concurrent"`` copies do not queue for
+  it), then its items land over time as ``sim.transfers.timing`` says.  Bytes of an
   item are applied when the item completes; a read during an in-flight item
   sees a prefix of it (a torn item) unless ``torn=False`` (item-atomic: what a
   controlled GPU replay can force).
 * ``read`` and ``write`` touch their bytes ``kernel_launch_us`` after they
   start, instantly; they then occupy their stream for bytes / HBM bandwidth.
   ``compute`` occupies its stream for ``duration_us`` (seeded jitter).
+* With the profile's ``launch_jitter_us`` > 0, every kernel (copy, read,
+  write) starts after a seeded, exponentially distributed delay of that mean:
+  launch skew between streams (heavy-tailed, as measured kernel starts are).
 
 Same-time starts: SimPy runs same-time events in insertion order; here every
 ``copy``/``read``/``write`` that becomes ready at the same instant waits at a
@@ -311,6 +315,8 @@ class Executor:
             key, gbps = ("d2h", src.device // self.p.gpus_per_link), self.p.d2h_gbps
         else:
             key, gbps = None, self.p.hbm_gbps / 2   # HBM counts read + write
+        if self.p.link_sharing == "concurrent":
+            key = None                               # copies on one link run at once
         if key is not None and key not in self._links:
             self._links[key] = simpy.Resource(self.env, capacity=1)
         return (self._links[key] if key is not None else None), self.p.link_timing(gbps)
@@ -380,7 +386,7 @@ class Executor:
             elif op.op in ("read", "write"):
                 yield self._gate(op)
                 t0 = self.env.now
-                yield self.env.timeout(self.p.kernel_launch_us)
+                yield self.env.timeout(self.p.kernel_launch_us + self._skew())
                 self._advance(self.env.now)
                 self.access_us[op.id] = self.env.now
                 self.access_seq[op.id] = len(self.access_seq)
@@ -396,8 +402,17 @@ class Executor:
             self.timings[op.id] = (t0, self.env.now)
             self.done[op.index].succeed()
 
+    def _skew(self) -> float:
+        """A kernel's launch skew (exponential, mean ``launch_jitter_us``; no draw when it is 0, so
+        runs without it draw the same numbers as before it existed)."""
+        j = self.p.launch_jitter_us
+        return float(self.rng.exponential(j)) if j > 0 else 0.0
+
     def _copy(self, op):
         yield self._gate(op)
+        skew = self._skew()
+        if skew:
+            yield self.env.timeout(skew)
         link, timing = self._link(op)
         req = None
         if link is not None:

@@ -26,6 +26,17 @@ _SCHEMA = {
                "kernel_launch_us": float},
     "compute": {"jitter_frac": float},
 }
+# Optional keys (absent: the default, which is the model before they existed).
+#   link.sharing: "fifo" serves one copy per link (and direction) at a time, first come first
+#     served; "concurrent" lets copies on one link run at once, each at the link's rate (SM-driven
+#     copy kernels on different streams interleave their items on a GPU; the link's total rate is
+#     then over-counted, so use it to explore orders, not to predict durations).
+#   device.launch_jitter_us: every kernel (copy, read, write) starts after an extra delay drawn
+#     from an exponential distribution of this mean by the run's seeded generator: the launch
+#     skew between streams that a GPU shows (kernel starts measured 9-23 us after a gate on an
+#     H200; heavy-tailed, so a kernel queued behind k others can still start first).
+_OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent"))},
+             "device": {"launch_jitter_us": (0.0, None)}}
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,8 @@ class Profile:
     hbm_gbps: float
     kernel_launch_us: float
     jitter_frac: float
+    link_sharing: str = "fifo"
+    launch_jitter_us: float = 0.0
 
     @property
     def resident_warps(self) -> int:
@@ -110,4 +123,14 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
             require(v > 0 if positive else v >= 0, f"{where}: {section}.{key}",
                     f"expected {'> 0' if positive else '>= 0'}, got {v}")
             values[key] = typ(v)
+    for section, keys in _OPTIONAL.items():
+        for key, (default, choices) in keys.items():
+            v = doc[section].get(key, default)
+            if choices is not None:
+                require(v in choices, f"{where}: {section}.{key}", f"expected one of {list(choices)}, got {v!r}")
+            else:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                require(ok, f"{where}: {section}.{key}", f"expected a finite number >= 0, got {v!r}")
+                v = float(v)
+            values["link_sharing" if key == "sharing" else key] = v
     return Profile(**values)

@@ -14,9 +14,10 @@ def profile(**overrides):
     doc = {"name": "test", "calibrated": False, "source": "tests", "date": "2026-11",
            "link": {"h2d_gbps": H200.h2d_gbps, "d2h_gbps": H200.d2h_gbps, "launch_us": H200.launch_us,
                     "memcpy_latency_us": H200.memcpy_latency_us, "item_overhead_us": H200.item_overhead_us,
-                    "warp_gbps": 1e9, "gpus_per_link": 1},
+                    "warp_gbps": 1e9, "gpus_per_link": 1, "sharing": "fifo"},
            "device": {"sm_count": H200.sm_count, "resident_warps_per_sm": H200.resident_warps_per_sm,
-                      "hbm_gbps": H200.hbm_gbps, "kernel_launch_us": H200.kernel_launch_us},
+                      "hbm_gbps": H200.hbm_gbps, "kernel_launch_us": H200.kernel_launch_us,
+                      "launch_jitter_us": 0.0},
            "compute": {"jitter_frac": 0.0}}
     for key, value in overrides.items():
         for section in ("link", "device", "compute"):

@@ -206,7 +206,7 @@ def test_a_host_synced_pair_is_never_a_race(doc):
 # knobs of the bounded search for a run in which a race manifests
 _KNOBS = dict(scale=[1.0, 0.0, 20.0, 0.1], h2d=[55.0, 0.01, 1000.0, 1.0], d2h=[55.0, 0.01, 1000.0, 1.0],
               hbm=[4160.0, 1.0, 0.05, 1e6], launch=[10.0, 0.5, 40.0], klaunch=[4.0, 0.1, 30.0],
-              memcpy=[10.0, 0.5, 40.0])
+              memcpy=[10.0, 0.5, 40.0], skew=[0.0, 5.0, 50.0, 5000.0], sharing=["fifo", "concurrent"])
 
 
 def _touch_window(run, op):
@@ -250,55 +250,50 @@ def _unmanifested(doc, pairs, runs):
         s = validate(d)
         run = run_schedule(s, profile(h2d_gbps=k["h2d"], d2h_gbps=k["d2h"], hbm_gbps=k["hbm"],
                                       launch_us=k["launch"], kernel_launch_us=k["klaunch"],
-                                      memcpy_latency_us=k["memcpy"]),
-                           ties=TieBreak("seeded", seed=i))
+                                      memcpy_latency_us=k["memcpy"], launch_jitter_us=k["skew"],
+                                      sharing=k["sharing"]),
+                           ties=TieBreak("seeded", seed=i), seed=i)
         left = {(a, b) for a, b in left if not _reversed(run, s.ops[a], s.ops[b])}
         if not left:
             break
     return left
 
 
-def _copy_vs_kernel_races(s):
-    """Racing pairs (a, b), a issued first, where a is a copy and b a read or write (the
-    incident's shape: a load, then an unordered kernel that touches its bytes)."""
-    pairs = {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
-    return {(a, b) for a, b in pairs if s.ops[a].op == "copy" and s.ops[b].op in ("read", "write")}
+def _races(s):
+    """Racing pairs (a, b), a issued first."""
+    return {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "FINDING (open): bounded searches find copy-then-kernel races that no timing of the model "
-    "manifests (same root as the FINDING tests below: no per-stream launch skew, equal-size "
-    "copies take equal time, FIFO links); kept to report such schedules, not as a gate."))
 @settings(max_examples=15, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(st.one_of(schedules(max_ops=10), rich_schedules(max_ops=8)))
-def test_a_reported_copy_vs_kernel_race_manifests_under_some_timing(doc):
-    """Every latent race between a copy and a read or write issued after it is shown to
-    manifest: some run of a bounded search reverses the pair's issue order (the reference
-    order).  Other races (copy vs copy, kernel vs kernel, a copy issued after the kernel it
-    races) and schedules with two copies on one PCIe direction are left out: the three FINDING
-    tests below show races of those kinds that no timing of the model can manifest."""
-    _check_copy_then_kernel_races_manifest(doc, runs=120)
+def test_a_reported_race_manifests_under_some_timing(doc):
+    """Every latent race is shown to manifest: some run of a bounded search (tie seeds, link,
+    HBM and launch costs, launch skew, FIFO or concurrent links, scaled durations) reverses the
+    pair's issue order (the reference order)."""
+    _check_races_manifest(doc, runs=120)
 
 
-def _check_copy_then_kernel_races_manifest(doc, runs):
+def _check_races_manifest(doc, runs):
     s = validate(doc)
-    links = [(s.buffers[op.src].location == "host", s.buffers[op.dst].location == "host")
-             for op in s.ops if op.op == "copy"]
-    # one copy per PCIe direction at most: see the third FINDING test
-    assume(all(links.count(k) <= 1 for k in set(links) if any(k)))
-    left = _unmanifested(doc, _copy_vs_kernel_races(s), runs=runs)
+    left = _unmanifested(doc, _races(s), runs=runs)
     assert not left, [(s.ops[a].id, s.ops[b].id) for a, b in left]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: a copy-vs-read latent race the model cannot manifest.  'other' (s1) and 'first' "
-    "(s0) take the H2D link at t = 0; 'second' (s0, after 'first') asks for it only when 'first' "
-    "is done, so the FIFO link always serves 'other' before 'second', and 'rd' (after "
-    "'second' on s0) always sees 'other' landed.  On a GPU nothing stops 'other' from running "
-    "late (it is unordered with 'rd')."))
-def test_finding_a_copy_vs_read_race_behind_a_shared_link_never_manifests_in_the_model():
+def _manifests_with_skew(doc, pair, seeds=400):
+    """Some seed of a run with launch skew (500 us) and concurrent links reverses ``pair``'s
+    issue order: the timing that shows the race (see sim.profile: launch_jitter_us, sharing)."""
+    s = validate(doc)
+    prof = profile(launch_jitter_us=500.0, sharing="concurrent")
+    a, b = pair
+    return any(_reversed(run_schedule(s, prof, seed=k, ties=TieBreak("seeded", seed=k)), s.ops[a], s.ops[b])
+               for k in range(seeds))
+
+
+def test_a_copy_vs_read_race_behind_a_shared_link_manifests_with_launch_skew():
+    """'other' (s1) and 'first' (s0) are issued at t = 0; 'second' and 'rd' follow 'first' on
+    s0.  With FIFO links and no skew 'other' always lands before 'rd' reads (the model could not
+    show this race); a GPU may start 'other' late, and so does a run with launch skew."""
     cp = lambda i, stream: {"id": i, "op": "copy", "stream": stream, "routine": "kernel_per_layer",
                             "src": "H", "dst": "D", "args": {"layer": 0, "src_indices": [0], "dst_indices": [0]}}
     ops = [cp("first", "s0"), cp("second", "s0"), cp("other", "s1"),
@@ -306,16 +301,13 @@ def test_finding_a_copy_vs_read_race_behind_a_shared_link_never_manifests_in_the
     doc = schedule_doc(ops)
     s = validate(doc)
     assert (2, 3) in {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}   # other vs rd
-    assert not _unmanifested(doc, {(2, 3)}, runs=48)
+    assert _unmanifested(doc, {(2, 3)}, runs=1) == {(2, 3)}     # the default timing does not show it
+    assert _manifests_with_skew(doc, (2, 3))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: a copy-vs-copy latent race the model cannot manifest.  Two H2D copies on "
-    "different streams share one PCIe link, which the model serialises first-come first-served "
-    "(simpy.Resource); 'late' is issued after a host_delay, so it never reaches the link before "
-    "'early' holds it and can never land first, while on a GPU two copy kernels on different "
-    "streams run concurrently and interleave their items."))
-def test_finding_a_copy_race_on_one_link_that_never_manifests_in_the_model():
+def test_a_copy_race_on_one_link_manifests_with_concurrent_copies():
+    """Two H2D copies on different streams, 'late' issued 0.5 us after 'early': a FIFO link
+    never lets 'late' land first; concurrent copy kernels on a GPU (and with launch skew) can."""
     ops = [{"id": "early", "op": "copy", "stream": "s0", "routine": "kernel_per_layer", "src": "H", "dst": "D",
             "args": {"layer": 0, "src_indices": [0], "dst_indices": [0]}},
            {"id": "pause", "op": "host_delay", "duration_us": 0.5},
@@ -325,17 +317,13 @@ def test_finding_a_copy_race_on_one_link_that_never_manifests_in_the_model():
     s = validate(doc)
     pairs = {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
     assert pairs == {(0, 2)}                     # early vs late on D's unit 0, by hand
-    assert not _unmanifested(doc, pairs, runs=48)
+    assert _unmanifested(doc, pairs, runs=1) == pairs
+    assert _manifests_with_skew(doc, (0, 2))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "FINDING: a latent race the timing model cannot manifest.  'wr' (s0) touches D at "
-    "kernel_launch_us; 'rd' (s1) comes after another kernel on s1 and touches D at "
-    ">= 2 x kernel_launch_us.  The model gives every stream the same launch cost and has no "
-    "per-stream launch skew, so no timing, tie order or duration puts 'rd' first, while a GPU "
-    "may (the race is real in CUDA's semantics: nothing orders the two streams).  The same holds "
-    "for a copy issued after a read on an idle stream when the copy's stream has kernels before it."))
-def test_finding_a_race_between_two_kernels_that_never_manifests_in_the_model():
+def test_a_race_between_two_kernels_manifests_with_launch_skew():
+    """'wr' (s0) touches D at kernel_launch_us; 'rd' (s1) comes after another kernel on s1.
+    Without per-stream launch skew 'rd' is always later; with it, some run puts 'rd' first."""
     ops = [{"id": "wr", "op": "write", "stream": "s0", "buffer": "D", "layer": 0, "units": [0], "owner": 5},
            {"id": "other", "op": "write", "stream": "s1", "buffer": "D2", "layer": 0, "units": [0], "owner": 6},
            {"id": "rd", "op": "read", "stream": "s1", "buffer": "D", "layer": 0, "units": [0]}]
@@ -343,7 +331,8 @@ def test_finding_a_race_between_two_kernels_that_never_manifests_in_the_model():
     s = validate(doc)
     pairs = {tuple(sorted((r["a"].op, r["b"].op))) for r in latent_races(s)}
     assert pairs == {(0, 2)}                     # wr vs rd on D, by hand
-    assert not _unmanifested(doc, pairs, runs=48)
+    assert _unmanifested(doc, pairs, runs=1) == pairs
+    assert _manifests_with_skew(doc, (0, 2))
 
 
 @pytest.mark.slow
@@ -354,17 +343,11 @@ def test_deep_every_simulated_read_is_plausible(doc, data):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "FINDING (open): the deep search finds copy-then-kernel races the model cannot manifest "
-    "either, e.g. a D->D2 dsv4_token copy on idle s0 vs a write of D on s1 queued behind a "
-    "write and an identical D->D2 copy: copies of one size take the same time and streams "
-    "start without skew, so the write always comes after the first copy ends.  Same root as "
-    "the kernel-vs-kernel FINDING; this test reports any such schedule it finds."))
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(st.one_of(schedules(max_ops=16), rich_schedules(max_ops=16)))
-def test_deep_copy_vs_kernel_races_manifest(doc):
-    _check_copy_then_kernel_races_manifest(doc, runs=200)
+def test_deep_reported_races_manifest(doc):
+    _check_races_manifest(doc, runs=200)
 
 
 @pytest.mark.slow
