@@ -26,6 +26,7 @@ gather/scatter of byte extents.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from dataclasses import dataclass
@@ -41,6 +42,12 @@ _I64 = np.int64
 # --------------------------------------------------------------------------
 # Origins
 # --------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1 << 16)
+def origin_key(origin: Origin) -> int:
+    """A 63-bit name of an origin from its fields (stable across processes and tables)."""
+    return int.from_bytes(hashlib.sha256(repr(origin).encode()).digest()[:8], "little") >> 1
+
+
 class OriginTable:
     """Interns ``Origin`` objects to small int ids; shared by one run's buffers."""
 
@@ -516,19 +523,23 @@ class CompactBuffer:
         return self._first.nbytes + sum(a.nbytes for arrays in (self._bs, self._bo, self._bf)
                                         for a in arrays)
 
-    def provenance_digest(self) -> str:
-        """sha256 (hex) of the buffer's provenance: its size and its maximal runs
-        ``(start, origin, stream offset)``, with origins named by their fields (so two
-        buffers with different origin tables but the same contents agree).  Equal
-        provenance means equal bytes; it costs O(segments), not O(bytes)."""
+    def canonical_segments(self):
+        """The maximal runs ``(start, origin key, stream offset)`` as int64 arrays, with
+        origins named by a hash of their fields (``origin_key``): two buffers with the
+        same contents have equal arrays, whatever their origin tables or block cuts."""
         st, oid, so = self.segments()
         keep = _coalesce_mask(st, oid, so)          # canonical: blocks may split a run
         st, oid, so = st[keep], oid[keep], so[keep]
         uniq, inv = np.unique(oid, return_inverse=True)
-        keys = np.array([int.from_bytes(hashlib.sha256(repr(self.table[int(i)]).encode()).digest()[:8],
-                                        "little", signed=True) for i in uniq.tolist()], dtype=_I64)
+        keys = np.array([origin_key(self.table[int(i)]) for i in uniq.tolist()], dtype=_I64)
+        return st, keys[inv.reshape(-1)] if len(st) else np.zeros(0, _I64), so
+
+    def provenance_digest(self) -> str:
+        """sha256 (hex) of the buffer's size and canonical segments: equal provenance
+        means equal bytes; it costs O(segments), not O(bytes)."""
+        st, keys, so = self.canonical_segments()
         h = hashlib.sha256(b"kvrace-provenance-v1" + np.int64(self.nbytes).tobytes())
-        h.update(np.stack([st, keys[inv.reshape(-1)], so], axis=1).astype("<i8").tobytes())
+        h.update(np.stack([st, keys, so], axis=1).astype("<i8").tobytes())
         return h.hexdigest()
 
     def segments(self):
