@@ -31,7 +31,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from tests.fuzz import (  # noqa: E402
-    MAX_TASKS, MEM_BUDGET_BYTES, TIME_BUDGET_S, Harness, build, mutant_path, run_seeds,
+    MAX_TASKS, MEM_BUDGET_BYTES, TIME_BUDGET_S, Harness, _cli, build, mutant_path, run_seeds,
 )
 
 DEFAULT_DIR = "/tmp/kvrace-fuzz"
@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     other = [o for o in outs if o.failure and o not in tracebacks and o not in slow]
     print(f"kvrace fuzz_inputs: seeds {a.start}..{a.start + a.inputs - 1}, {a.jobs} job(s), "
           f"{os.cpu_count()} CPUs, Python {platform.python_version()}, {wall:.0f} s wall")
+    import sim
+    print(f"cli {_cli().__name__} ({_cli().__file__}), sim from {os.path.dirname(sim.__file__)}")
     print(f"inputs {len(outs)} of {len(seeds)}  validated {sum(o.validate_rc == 0 for o in outs)}  "
           f"ran {sum(o.run_rc in (0, 1) for o in outs)}  refused {sum(o.validate_rc == 2 for o in outs)}")
     print(f"tracebacks {len(tracebacks)}  over {a.time_budget:g} s {len(slow)}  over 2 GiB {len(big)}  "

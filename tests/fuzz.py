@@ -16,7 +16,8 @@ list); each count cap is still above the matching schedule limit (``MAX_OPS``,
 
 A worker process builds the mutant itself from its seed (the parent sends only
 the seed), writes it to ``<dir>/mutant_<seed>.json``, runs
-the CLI's (``kvrace.cli``, or ``sim.cli`` before it moved) ``main(["schedule", "validate", path])`` and
+the CLI's (``kvrace.cli``, or ``sim.cli`` before it moved; ``$KVRACE_FUZZ_CLI``
+names another) ``main(["schedule", "validate", path])`` and
 ``main(["schedule", "run", "--json", out, path])`` and reports an
 :class:`Outcome`.  Its address space is limited (``RLIMIT_AS`` = the worker's own
 size after imports + ``mem_budget``), and the parent kills it when the input
@@ -323,12 +324,17 @@ class Outcome:
 
 
 def _cli():
-    """The CLI module: ``kvrace.cli`` where it exists, else ``sim.cli``."""
+    """The CLI module: ``$KVRACE_FUZZ_CLI`` when set, else ``kvrace.cli`` where it
+    exists, else ``sim.cli``."""
+    import importlib
+
+    name = os.environ.get("KVRACE_FUZZ_CLI")
+    if name:
+        return importlib.import_module(name)
     try:
-        import kvrace.cli as cli
+        return importlib.import_module("kvrace.cli")
     except ImportError:
-        import sim.cli as cli
-    return cli
+        return importlib.import_module("sim.cli")
 
 
 def _preload():
