@@ -43,14 +43,14 @@ for f in free_sweep.log free_sweep.csv free_sweep.png; do provenance $f "$CMD"; 
 
 mkdir -p /tmp/replays
 {
-  header "python3 -m sim.cli replay ... (each run below; JSON in replays.json)"
+  header "python3 -m kvrace replay ... (each run below; JSON in replays.json)"
   for p in builtin torch sglang; do
-    CMD="python3 -m sim.cli replay examples/index_k_ungated_race.json --provider $p --mode free --trials 200 --profile $PROFILE --json /tmp/replays/free_$p.json"
+    CMD="python3 -m kvrace replay examples/index_k_ungated_race.json --provider $p --mode free --trials 200 --profile $PROFILE --json /tmp/replays/free_$p.json"
     echo "== $CMD"
     $CMD; echo "exit $?"
   done
   for f in examples/*.json; do
-    CMD="python3 -m sim.cli replay $f --provider sglang --mode controlled --profile $PROFILE --json /tmp/replays/controlled_$(basename "$f")"
+    CMD="python3 -m kvrace replay $f --provider sglang --mode controlled --profile $PROFILE --json /tmp/replays/controlled_$(basename "$f")"
     echo "== $CMD"
     $CMD; echo "exit $?"
   done

@@ -276,8 +276,8 @@ def cli_replay(args, *, make_runner=None) -> int:
     """``kvrace replay FILE --provider P --mode M [--trials N] [--profile X] [--seed S] [--json PATH|-]``.
 
     Exit 0 when every read agreed, 1 when one did not, 2 when the schedule cannot be replayed or an
-    argument is bad (InputError, printed by sim.cli.main), 3 (in sim.cli) when there is no GPU."""
-    from sim.cli import check_output_path, emit
+    argument is bad (InputError, printed by kvrace.cli.main), 3 (in kvrace.cli) when there is no GPU."""
+    from sim.report_io import check_output_path, emit
     from sim.schedule import load
 
     check_output_path(args.json, "--json")      # before the GPU work: a bad path is exit 2 now

@@ -34,6 +34,8 @@ import importlib.util
 import sys
 import types
 
+from sim.errors import KvraceError
+
 SHIM_STATE: dict[str, dict] = {}
 
 
@@ -41,7 +43,7 @@ def _state(package: str) -> dict:
     return SHIM_STATE.setdefault(package, {"mode": None, "reason": "", "stand_ins": []})
 
 
-class ShimError(ImportError):
+class ShimError(KvraceError, ImportError):
     """The kernels could not be imported even without the top-level package."""
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from sim.errors import KvraceError
 from sim.executor import RunResult, run_reference
 from sim.hb import HappensBefore, latent_races
 from sim.memory import Memory, clip_extents
@@ -31,7 +32,7 @@ from sim.schedule import Schedule, validate
 from sim.transfers.routines import slice_items
 
 
-class ReplayError(Exception):
+class ReplayError(KvraceError):
     """The simulated interleaving cannot be forced with streams and events alone."""
 
 

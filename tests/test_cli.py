@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from sim.cli import main
+from kvrace.cli import main
 
 
 def kvrace(*args):
-    p = subprocess.run([sys.executable, "-m", "sim.cli", *args], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", "kvrace", *args], capture_output=True, text=True)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -133,7 +133,7 @@ def test_bad_fail_on_is_a_usage_error(bad, capsys):
 
 
 def test_race_count_uses_totals_when_the_report_has_them():
-    from sim.cli import findings
+    from kvrace.cli import findings
 
     rep = {"corrupt_reads": 0, "latent_races": [], "oob_writes": [], "oob_reads": []}
     assert findings(rep) == {"corrupt": 0, "race": 0, "oob": 0}
@@ -199,7 +199,7 @@ def kvrace_at(cwd, *args):
     import os
 
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    p = subprocess.run([sys.executable, "-m", "sim.cli", *[os.path.abspath(a) if a.startswith("examples/") else a
+    p = subprocess.run([sys.executable, "-m", "kvrace", *[os.path.abspath(a) if a.startswith("examples/") else a
                                                           for a in args]],
                        capture_output=True, text=True, cwd=cwd, env=env)
     return p.returncode, p.stdout, p.stderr
@@ -320,7 +320,7 @@ def test_closed_pipe_exits_quietly(cmd):
 
     r, w = os.pipe()
     os.close(r)                              # the reader is gone before kvrace writes a byte
-    p = subprocess.run([sys.executable, "-m", "sim.cli", *cmd], stdout=w, stderr=subprocess.PIPE, text=True)
+    p = subprocess.run([sys.executable, "-m", "kvrace", *cmd], stdout=w, stderr=subprocess.PIPE, text=True)
     os.close(w)
     assert p.stderr == ""
     assert p.returncode == 141
@@ -339,7 +339,7 @@ def test_gpu_commands_check_their_arguments_before_looking_for_a_gpu(args, says)
 
 def _fake_calibration(monkeypatch):
     """cli_calibrate with the GPU measurement replaced by a shipped profile's TOML (CPU only)."""
-    import gpu_backend.calibrate as cal
+    import gpu_backend.calibrate.cli as cal      # patch the names where cli_calibrate looks them up
 
     fit = {"gbps": 33.0, "launch_us": 4.0, "item_overhead_us": 1.9, "rel_err_median": 0.05}
     fits = {"link_h2d": fit,

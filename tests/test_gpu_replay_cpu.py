@@ -338,7 +338,7 @@ def test_cli_without_a_gpu_exits_3():
             pytest.skip("a CUDA device is present: the no-GPU path is not reachable here")
     except ImportError:
         pass
-    p = subprocess.run([sys.executable, "-m", "sim.cli", "replay", "examples/index_k_ungated_race.json"],
+    p = subprocess.run([sys.executable, "-m", "kvrace", "replay", "examples/index_k_ungated_race.json"],
                        capture_output=True, text=True)
     assert p.returncode == 3
     assert "needs a GPU" in p.stderr

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Protocol
 
 import numpy as np
 
-from sim.errors import InputError
+from sim.errors import InputError, KvraceError
 from sim.transfers.routines import item_bounds, slice_items
 
 ROUTINE_NAMES = ("kernel_per_layer", "kernel_all_layer", "direct_per_layer",
@@ -29,7 +29,7 @@ DSA_DEFAULT_PAGE_SIZE = 64
 MODE_LAYER_MAJOR, MODE_PAGE_FIRST, MODE_PAGE_FIRST_DIRECT = 0, 1, 2
 
 
-class ProviderError(RuntimeError):
+class ProviderError(KvraceError, RuntimeError):
     """A provider cannot be used or cannot run this copy; the message says why."""
 
 

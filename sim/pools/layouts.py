@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from sim.errors import InputError, show
+from sim.errors import InputError, check_keys, show
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
@@ -471,15 +471,6 @@ _HOST_KEYS = ("kind", "name", "layout", "layers", "units", "unit_bytes", "page_s
 _HOST_REQUIRED = ("kind", "layout", "layers", "units", "unit_bytes")
 
 
-def _check_keys(d: Mapping, allowed, required, where: str) -> None:
-    for k in d:
-        if k not in allowed:
-            raise InputError(f"{where}.{show(k)[1:-1]}", f"expected one of {list(allowed)}, got unknown key {show(k)}")
-    for k in required:
-        if k not in d:
-            raise InputError(f"{where}.{k}", "expected this key, got nothing (missing)")
-
-
 def _fields_from_json(v: Any, where: str) -> tuple[Field, ...]:
     if not isinstance(v, (list, tuple)):
         raise InputError(where, f"expected a list of {{name, offset, entry_bytes}}, got {show(v)}")
@@ -488,7 +479,7 @@ def _fields_from_json(v: Any, where: str) -> tuple[Field, ...]:
         w = f"{where}[{i}]"
         if not isinstance(f, Mapping):
             raise InputError(w, f"expected an object {{name, offset, entry_bytes}}, got {show(f)}")
-        _check_keys(f, ("name", "offset", "entry_bytes"), ("name", "offset", "entry_bytes"), w)
+        check_keys(f, ("name", "offset", "entry_bytes"), w, ("name", "offset", "entry_bytes"))
         out.append(Field(_req_str(f["name"], w + ".name"),
                          _req_int(f["offset"], w + ".offset", minimum=0),
                          _req_int(f["entry_bytes"], w + ".entry_bytes")))
@@ -505,14 +496,14 @@ def layout_from_json(d: Any, where: str) -> Layout:
         if not isinstance(name, str) or name not in PRESETS:
             raise InputError(where + ".preset", f"expected one of {sorted(PRESETS)}, got {show(name)}")
         req, opt = _PRESET_ARGS[name]
-        _check_keys(d, ("preset",) + req + opt, ("preset",) + req, where)
+        check_keys(d, ("preset",) + req + opt, where, ("preset",) + req)
         kwargs = {k: _req_int(d[k], f"{where}.{k}") for k in req + opt if k in d}
         return PRESETS[name](**kwargs)
     if "kind" not in d:
         raise InputError(where + ".kind", "expected 'preset' or 'kind' ('paged' or 'host'), got neither")
     kind = d["kind"]
     if kind == "paged":
-        _check_keys(d, _PAGED_KEYS, _PAGED_REQUIRED, where)
+        check_keys(d, _PAGED_KEYS, where, _PAGED_REQUIRED)
         name = _req_str(d.get("name", "paged"), where + ".name")
         layers = _req_int(d["layers"], where + ".layers")
         pages = _req_int(d["pages"], where + ".pages")
@@ -522,7 +513,7 @@ def layout_from_json(d: Any, where: str) -> Layout:
         _check_fields(fields, epp, page_bytes, where, "entries_per_page", "page_bytes")
         return PagedLayout(name, layers, pages, page_bytes, epp, fields)
     if kind == "host":
-        _check_keys(d, _HOST_KEYS, _HOST_REQUIRED, where)
+        check_keys(d, _HOST_KEYS, where, _HOST_REQUIRED)
         name = _req_str(d.get("name", "host"), where + ".name")
         layout = d["layout"]
         if layout not in HOST_LAYOUTS:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from sim.errors import InputError, show
+from sim.errors import InputError, check_keys, show
 from sim.pools.layouts import HostLayout, PagedLayout
 
 # sgl-kernel transfer_kv_launcher defaults (CUDA): block_quota=2, 32 warps/block
@@ -219,17 +219,11 @@ def _indices(v: Any, where: str) -> np.ndarray:
     return np.array(v, dtype=np.int64).reshape(-1)
 
 
-def _check_keys(args: Any, routine: "Routine", where: str) -> None:
+def _check_args(args: Any, routine: "Routine", where: str) -> None:
     if not isinstance(args, Mapping):
         raise InputError(where + ".args", f"expected an object of arguments, got {show(args)}")
-    allowed = routine.required_args + routine.optional_args
-    for k in args:
-        if k not in allowed:
-            raise InputError(f"{where}.args.{k}",
-                             f"expected one of {list(allowed)} for {routine.name}, got unknown key {show(k)}")
-    for k in routine.required_args:
-        if k not in args:
-            raise InputError(f"{where}.args.{k}", f"expected this argument for {routine.name}, got nothing")
+    check_keys(args, routine.required_args + routine.optional_args, where + ".args", routine.required_args,
+               context=f" for {routine.name}", missing="argument")
 
 
 def _pair(args: Mapping, where: str) -> tuple[np.ndarray, np.ndarray]:
@@ -513,7 +507,7 @@ def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -
     r = ROUTINES[routine]
     _layout(src_layout, where + ".src_layout")
     _layout(dst_layout, where + ".dst_layout")
-    _check_keys(args, r, where)
+    _check_args(args, r, where)
     return r.fn(src_layout, dst_layout, args, where)
 
 

@@ -1,4 +1,8 @@
-"""The ``kvrace`` command line.
+"""The ``kvrace`` command line (the console script ``kvrace`` and ``python -m kvrace``).
+
+It lives outside ``sim`` so that ``sim`` never imports ``gpu_backend``: ``replay`` and
+``calibrate`` import ``gpu_backend`` here, only when asked and only after torch and a CUDA device
+were found.
 
 Exit codes (the same for every command): 0 clean, 1 the run found what ``--fail-on`` names
 (``schedule run``) or the GPU disagreed with the simulator (``replay``), 2 bad input or usage,
@@ -7,11 +11,11 @@ Exit codes (the same for every command): 0 clean, 1 the run found what ``--fail-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from sim.errors import InputError
+from sim.report_io import check_output_path, emit, write_json  # noqa: F401  (emit: re-exported)
 
 EXIT_OK, EXIT_FOUND, EXIT_INPUT, EXIT_NO_GPU = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141          # 128 + SIGPIPE, what a shell reports for `yes | head -1`
@@ -50,9 +54,9 @@ def version() -> str:
     try:
         return metadata.version("kvrace")
     except metadata.PackageNotFoundError:
-        import sim
+        import kvrace
 
-        return sim.__version__
+        return kvrace.__version__
 
 
 # ---- argument types and checks (all errors are InputError or argparse usage errors: exit 2) ----
@@ -77,38 +81,6 @@ def _positive_int(text: str) -> int:
 def _split(values) -> list[str]:
     """Values of a repeatable option that also takes comma-separated lists."""
     return [x.strip() for v in values or () for x in v.split(",") if x.strip()]
-
-
-def check_output_path(path: str | None, option: str) -> None:
-    """Refuse an output path that cannot be written, before any work is done ('-' is stdout)."""
-    if path is None or path == "-":
-        return
-    if os.path.isdir(path):
-        raise InputError(option, f"{path!r} is a directory; give a file path (or '-' for stdout)")
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise InputError(option, f"cannot write {path!r}: directory {parent!r} does not exist; create it first")
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise InputError(option, f"cannot write {path!r}: permission denied")
-
-
-def write_json(doc, path: str, default=None) -> None:
-    """JSON to ``path``, or to stdout when ``path`` is '-'."""
-    text = json.dumps(doc, indent=1, default=default)
-    if path == "-":
-        print(text)
-    else:
-        with open(path, "w") as f:
-            f.write(text + "\n")
-
-
-def emit(rep: dict, json_path: str | None, text, default=None) -> None:
-    """Write a report: JSON to ``json_path`` ('-' = stdout only) and the human text
-    to stdout unless the JSON went there."""
-    if json_path:
-        write_json(rep, json_path, default)
-    if json_path != "-":
-        print(text(rep))
 
 
 def fail_on_kinds(values) -> set[str]:
@@ -229,11 +201,21 @@ def _profiles(args) -> int:
     return EXIT_OK
 
 
-def _gpu_command(module: str, func: str):
+def _cli_replay(args) -> int:
+    from gpu_backend.replay import cli_replay
+
+    return cli_replay(args)
+
+
+def _cli_calibrate(args) -> int:
+    from gpu_backend.calibrate import cli_calibrate
+
+    return cli_calibrate(args)
+
+
+def _gpu_command(command):
     """GPU commands live in gpu_backend/; import it only when asked (sim never needs torch)."""
     def run(args) -> int:
-        import importlib
-
         for opt in ("json", "out"):            # bad paths are exit 2, before looking for a GPU
             check_output_path(getattr(args, opt, None), f"--{opt}")
         try:
@@ -246,7 +228,7 @@ def _gpu_command(module: str, func: str):
             print(f"kvrace: error: '{args.command}' needs a GPU: torch {torch.__version__} sees no CUDA "
                   "device", file=sys.stderr)
             return EXIT_NO_GPU
-        return getattr(importlib.import_module(module), func)(args)
+        return command(args)
     return run
 
 
@@ -299,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--profile", default="h200", help="hardware profile for the simulator's prediction")
     rp.add_argument("--seed", type=_non_negative_int, default=0, help="seed (>= 0, default 0)")
     rp.add_argument("--json", metavar="PATH", help="write the JSON result to PATH ('-' for stdout only)")
-    rp.set_defaults(func=_gpu_command("gpu_backend.replay", "cli_replay"))
+    rp.set_defaults(func=_gpu_command(_cli_replay))
 
     cal = sub.add_parser("calibrate", help="measure this GPU and write a hardware profile (needs torch + CUDA)",
                          epilog="--out - writes the profile TOML to stdout and the summary to stderr.\n\n" + EXIT_CODES,
@@ -307,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", required=True, metavar="PROFILE.toml", help="where to write the profile ('-' for stdout)")
     cal.add_argument("--name", default=None, help="profile name (default: from the GPU's name)")
     cal.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
-    cal.set_defaults(func=_gpu_command("gpu_backend.calibrate", "cli_calibrate"))
+    cal.set_defaults(func=_gpu_command(_cli_calibrate))
 
     prof = sub.add_parser("profiles", help="list the shipped hardware profiles", epilog=EXIT_CODES, formatter_class=fmt)
     prof.add_argument("--json", metavar="PATH", help="write every profile's parameters as JSON to PATH ('-' for stdout only)")

@@ -1,0 +1,41 @@
+"""Writing reports: the output-path check and the JSON/text emitter that the ``kvrace`` command
+line (``kvrace/cli.py``) and the GPU backend's commands (``gpu_backend.replay.cli_replay``,
+``gpu_backend.calibrate.cli_calibrate``) share.  Errors are ``InputError`` (exit 2)."""
+from __future__ import annotations
+
+import json
+import os
+
+from sim.errors import InputError
+
+
+def check_output_path(path: str | None, option: str) -> None:
+    """Refuse an output path that cannot be written, before any work is done ('-' is stdout)."""
+    if path is None or path == "-":
+        return
+    if os.path.isdir(path):
+        raise InputError(option, f"{path!r} is a directory; give a file path (or '-' for stdout)")
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise InputError(option, f"cannot write {path!r}: directory {parent!r} does not exist; create it first")
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise InputError(option, f"cannot write {path!r}: permission denied")
+
+
+def write_json(doc, path: str, default=None) -> None:
+    """JSON to ``path``, or to stdout when ``path`` is '-'."""
+    text = json.dumps(doc, indent=1, default=default)
+    if path == "-":
+        print(text)
+    else:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+
+
+def emit(rep: dict, json_path: str | None, text, default=None) -> None:
+    """Write a report: JSON to ``json_path`` ('-' = stdout only) and the human text
+    to stdout unless the JSON went there."""
+    if json_path:
+        write_json(rep, json_path, default)
+    if json_path != "-":
+        print(text(rep))
