@@ -216,9 +216,6 @@ def test_layouts_and_routines_use_the_shared_check():
 
 # ---- schedule selections ----
 
-@pytest.mark.xfail(raises=AttributeError, strict=False,
-                   reason="sim/schedule.py _selection checks hasattr(lay, 'token_extents'), true for host "
-                          "layouts too; fixed by requiring a PagedLayout")
 def test_tokens_read_on_a_host_buffer_is_an_input_error():
     rd = {"op": "read", "stream": "s0", "buffer": "H", "layer": 0, "tokens": [0]}
     with pytest.raises(InputError) as info:
