@@ -84,6 +84,18 @@ def fits_materialised(buffers: dict) -> bool:
     return MATERIALISED_COPIES * sum(spec.nbytes for spec in buffers.values()) <= MATERIALISE_LIMIT_BYTES
 
 
+def _fill_segments(models, segments) -> None:
+    """Apply a general init fill (``Fill.segments``: disjoint ``(offset, nbytes, Origin,
+    stream_offset)``) to every byte model, one batch per origin."""
+    by_origin: dict = {}
+    for off, n, origin, soff in segments:
+        by_origin.setdefault(origin, []).append((off, n, soff))
+    for origin, rows in by_origin.items():
+        a = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+        for m in models:
+            m.fill(a[:, 0], a[:, 1], origin, a[:, 2])
+
+
 class Memory:
     """Both byte models of a schedule's buffers.
 
@@ -117,6 +129,9 @@ class Memory:
                 for m in models:
                     m.fill(base, np.array([lay.units * ub]), Origin(spec.kind, layer, -1, 0, ub), np.array([0]))
         for f in spec.init:
+            if f.segments:
+                _fill_segments(models, f.segments)
+                continue
             for layer in f.layers:
                 origin = Origin(spec.kind, layer, f.owner, f.version, lay.unit_bytes)
                 dst = np.asarray(lay.unit_offsets(layer, f.indices), dtype=np.int64)

@@ -101,13 +101,18 @@ MAX_HOSTS = 1024
 @dataclass(frozen=True)
 class Fill:
     """Initial contents: ``indices`` of the buffer (at ``layers``) hold units
-    ``first_unit + k`` of origin (buffer kind, layer, owner, version)."""
+    ``first_unit + k`` of origin (buffer kind, layer, owner, version); or, for a
+    general fill, ``segments``: bytes ``[offset, offset + nbytes)`` hold pattern
+    bytes ``[stream_offset, stream_offset + nbytes)`` of any origin."""
 
     layers: tuple[int, ...]
     indices: np.ndarray
     owner: int
     version: int
     first_unit: int
+    # a general fill (``{"segments": [...]}``, see _parse_segments): ``(offset, nbytes, Origin,
+    # stream_offset)`` per segment, disjoint and in address order; layers/indices are then empty
+    segments: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -366,6 +371,9 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
         fw = f"{where}.init[{j}]"
         if not isinstance(f, dict):
             raise InputError(fw, f"expected an object, got {show(f)}")
+        if "segments" in f:
+            fills.append(_parse_segments(f, fw, int(layout.nbytes), totals))
+            continue
         _check_keys(f, {"layers", "indices", "owner", "version", "first_unit"}, fw)
         layers_v = f.get("layers", "all")
         if layers_v == "all":
@@ -384,6 +392,53 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
         fills.append(Fill(layers, idx, _get(f, "owner", fw, int, default=-1),
                           _get(f, "version", fw, int, default=1), first_unit))
     return BufferSpec(name, location, device, kind, layout, tuple(fills))
+
+
+SEGMENT_FIELDS = ("offset", "nbytes", "kind", "layer", "owner", "version", "unit_bytes", "stream_offset")
+
+
+def _parse_segments(f: dict, fw: str, nbytes: int, totals: _Totals) -> Fill:
+    """A general init fill (written by ``sim.window.cut_window``)::
+
+        {"segments": [[offset, nbytes, kind, layer, owner, version, unit_bytes, stream_offset], ...]}
+
+    Bytes ``[offset, offset + nbytes)`` of the buffer hold pattern bytes
+    ``[stream_offset, stream_offset + nbytes)`` of origin (kind, layer, owner,
+    version, unit_bytes): any provenance a run can leave (another kind's bytes, an
+    ``oob:<buffer>`` origin, part of a unit).  Segments are disjoint and in address
+    order (offset >= the previous segment's end); bytes no segment covers keep their
+    initial contents.  Each segment counts as one fill against MAX_INIT_FILLS."""
+    from sim.bytes.pattern import Origin
+
+    _check_keys(f, {"segments"}, fw)
+    segs = _get(f, "segments", fw, list)
+    totals.add_fills(len(segs), f"{fw}.segments")
+    out = []
+    end = 0
+    for k, x in enumerate(segs):
+        sw = f"{fw}.segments[{k}]"
+        if not (isinstance(x, list) and len(x) == len(SEGMENT_FIELDS)):
+            raise InputError(sw, f"expected a list [{', '.join(SEGMENT_FIELDS)}], got {show(x)}")
+        for j, (fname, v) in enumerate(zip(SEGMENT_FIELDS, x)):
+            if fname == "kind":
+                ok = isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS
+                what = f"a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) characters"
+            else:
+                ok = type(v) is int and INT_MIN <= v <= INT_MAX
+                what = "an int64 integer"
+            if not ok:
+                raise InputError(f"{sw}[{j}] ({fname})", f"expected {what}, got {show(v)}")
+        off, n, kind, layer, owner, version, ub, soff = x
+        require(off >= end, f"{sw}[0] (offset)",
+                f"expected segments disjoint and in address order (offset >= {end}), got {off}")
+        require(0 < n and off + n <= nbytes, f"{sw}[1] (nbytes)",
+                f"expected nbytes > 0 and offset + nbytes <= {nbytes} (the buffer's size), got {n} at {off}")
+        require(0 < ub <= MAX_UNIT_BYTES, f"{sw}[6] (unit_bytes)", f"expected 1..{MAX_UNIT_BYTES}, got {ub}")
+        require(0 <= soff <= INT_MAX - n, f"{sw}[7] (stream_offset)",
+                f"expected 0..{INT_MAX - n} (its pattern offsets must be int64), got {soff}")
+        end = off + n
+        out.append((off, n, Origin(kind, layer, owner, version, ub), soff))
+    return Fill((), np.zeros(0, dtype=np.int64), -1, 0, 0, tuple(out))
 
 
 def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_ranges: bool):
