@@ -61,8 +61,8 @@ from typing import Any
 import numpy as np
 
 from sim.bytes.pattern import MAX_UNIT_BYTES
-from sim.errors import InputError, require, show
-from sim.pools.layouts import layout_from_json
+from sim.errors import InputError, check_keys, require, show
+from sim.pools.layouts import PagedLayout, layout_from_json
 from sim.transfers.routines import ROUTINES, count_out_of_bounds, plan as plan_copy
 
 SCHEMA_VERSION = 2             # the format written; 1 still loads (one host, no host_query/barrier)
@@ -224,12 +224,6 @@ def _tname(types) -> str:
     return names.get(types, types.__name__)
 
 
-def _check_keys(d: dict, allowed: set[str], where: str) -> None:
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise InputError(f"{where}.{show(extra[0])[1:-1]}", f"unknown key; expected one of {sorted(allowed)}")
-
-
 def _list_count(v, where: str) -> int:
     """How many indices an index list (a list, or {"start", "count"[, "step"]}) holds,
     without expanding it; 0 for anything else (the expansion then refuses it).
@@ -248,7 +242,8 @@ def _list_count(v, where: str) -> int:
 class _Totals:
     """Running totals of the schedule-wide limits (checked before each expansion)."""
 
-    def __init__(self):
+    def __init__(self, documents: bool = True):
+        self.documents = documents   # enforce the whole-document limits (MAX_TOTAL_INDICES, reads)
         self.indices = 0
         self.buffer_bytes = 0
         self.out_of_bounds = 0
@@ -258,7 +253,7 @@ class _Totals:
 
     def add_indices(self, n: int, where: str) -> None:
         self.indices += n
-        require(self.indices <= MAX_TOTAL_INDICES, where,
+        require(not self.documents or self.indices <= MAX_TOTAL_INDICES, where,
                 f"the schedule's index lists would hold {self.indices} indices (each counted once per "
                 f"layer it touches); expected at most MAX_TOTAL_INDICES = {MAX_TOTAL_INDICES}")
 
@@ -277,6 +272,8 @@ class _Totals:
     def add_read(self, extents: int, nbytes: int, where: str) -> None:
         self.read_extents += extents
         self.read_bytes += nbytes
+        if not self.documents:      # host programs (and max_ops=None): reads are held compact
+            return
         require(self.read_extents <= MAX_READ_EXTENTS, where,
                 f"the schedule's reads would touch {self.read_extents} extents; expected at most "
                 f"MAX_READ_EXTENTS = {MAX_READ_EXTENTS}")
@@ -290,7 +287,7 @@ def _int_list(v, where: str, lo: int = INT_MIN, hi: int = INT_MAX) -> np.ndarray
     ``k < count``), each in ``[lo, hi]``; at most MAX_INDICES entries.  The count and
     the range of an arithmetic list are checked before it is expanded."""
     if isinstance(v, dict):
-        _check_keys(v, {"start", "count", "step"}, where)
+        check_keys(v, {"start", "count", "step"}, where)
         start = _get(v, "start", where, int)
         count = _get(v, "count", where, int)
         step = _get(v, "step", where, int, default=1)
@@ -343,7 +340,7 @@ def _label(d: dict, key: str, where: str, *, default=...) -> str:
 def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
     if not isinstance(d, dict):
         raise InputError(where, f"expected an object, got {show(d)}")
-    _check_keys(d, {"name", "location", "device", "kind", "layout", "init", "description"}, where)
+    check_keys(d, {"name", "location", "device", "kind", "layout", "init", "description"}, where)
     name = _label(d, "name", where)
     location = _get(d, "location", where, str)
     require(location in ("device", "host"), f"{where}.location",
@@ -374,7 +371,7 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
         if "segments" in f:
             fills.append(_parse_segments(f, fw, int(layout.nbytes), totals))
             continue
-        _check_keys(f, {"layers", "indices", "owner", "version", "first_unit"}, fw)
+        check_keys(f, {"layers", "indices", "owner", "version", "first_unit"}, fw)
         layers_v = f.get("layers", "all")
         if layers_v == "all":
             layers = tuple(range(layout.layers))
@@ -410,7 +407,7 @@ def _parse_segments(f: dict, fw: str, nbytes: int, totals: _Totals) -> Fill:
     initial contents.  Each segment counts as one fill against MAX_INIT_FILLS."""
     from sim.bytes.pattern import Origin
 
-    _check_keys(f, {"segments"}, fw)
+    check_keys(f, {"segments"}, fw)
     segs = _get(f, "segments", fw, list)
     totals.add_fills(len(segs), f"{fw}.segments")
     out = []
@@ -479,7 +476,7 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
         require(idx.size > 0, f"{where}.{key}", "expected at least one index")
         offs = lay.unit_offsets(layer, idx)
         return layer, idx, (np.asarray(offs, dtype=np.int64), np.full(idx.size, lay.unit_bytes, np.int64))
-    require(hasattr(lay, "token_extents"), f"{where}.tokens", "token selection needs a device (paged) layout")
+    require(isinstance(lay, PagedLayout), f"{where}.tokens", "token selection needs a device (paged) layout")
     ntok = lay.pages * lay.entries_per_page
     if is_read:
         fields = lay.effective_fields
@@ -508,7 +505,9 @@ class ScheduleBuilder:
     come from a document (``validate``) or from a running host program
     (``sim.executor.Host.issue``).
 
-    ``max_ops`` bounds a document (MAX_OPS); host programs pass ``None``.
+    ``max_ops`` bounds a document (MAX_OPS) and, with it, the document totals
+    (MAX_TOTAL_INDICES, MAX_READ_EXTENTS, MAX_READ_BYTES); host programs pass ``None``
+    and are bounded per op only.
     """
 
     def __init__(self, doc: Any, *, max_ops: int | None = MAX_OPS):
@@ -518,12 +517,14 @@ class ScheduleBuilder:
                 f"expected format version {' or '.join(map(str, SCHEMA_VERSIONS))}, got {show(version)}")
         self.version = version
         keys = {"kvrace_schedule", "name", "description", "buffers", "streams", "events", "ops"}
-        _check_keys(doc, keys | ({"hosts"} if version >= 2 else set()), "")
+        check_keys(doc, keys | ({"hosts"} if version >= 2 else set()), "")
         self.doc = doc
         self.name = _label(doc, "name", "", default="unnamed")
         self.description = _get(doc, "description", "", str, default="")
         self.max_ops = max_ops
-        self.totals = _Totals()
+        # NOTE: whole-document totals bound what one file may make a run hold; a host program
+        # (max_ops=None) is bounded per op only, its run holding reads compact
+        self.totals = _Totals(documents=max_ops is not None)
 
         self.buffers: dict[str, BufferSpec] = {}
         buffer_list = _get(doc, "buffers", "", list)
@@ -544,7 +545,7 @@ class ScheduleBuilder:
                 st = {"name": st}
             if not isinstance(st, dict):
                 raise InputError(w, f"expected a name or an object, got {show(st)}")
-            _check_keys(st, {"name", "device"}, w)
+            check_keys(st, {"name", "device"}, w)
             sname = _label(st, "name", w)
             require(sname not in self.streams, f"{w}.name", f"duplicate stream name {show(sname)}")
             device = _get(st, "device", w, int, default=0)
@@ -607,7 +608,7 @@ class ScheduleBuilder:
 
     # ---- one parser per op kind
     def _parse_copy(self, op, d, w, common):
-        _check_keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
+        check_keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
         op.routine = _name(d, "routine", w, ROUTINES, "routine")
         op.src = _name(d, "src", w, self.buffers, "buffer")
         op.dst = _name(d, "dst", w, self.buffers, "buffer")
@@ -623,7 +624,7 @@ class ScheduleBuilder:
     def _parse_read(self, op, d, w, common):
         kind = op.op
         extra = {"owner", "version"} if kind == "write" else set()
-        _check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
+        check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
         op.buffer = _name(d, "buffer", w, self.buffers, "buffer")
         op.layer, op.units, op.extents = _selection(d, w, self.buffers[op.buffer], self.totals,
                                                     allow_ranges=(kind == "read"))
@@ -636,7 +637,7 @@ class ScheduleBuilder:
     _parse_write = _parse_read
 
     def _parse_compute(self, op, d, w, common):
-        _check_keys(d, common | {"stream", "duration_us"}, w)
+        check_keys(d, common | {"stream", "duration_us"}, w)
         duration = _get(d, "duration_us", w, (int, float))
         require(isinstance(duration, float) or abs(duration) <= MAX_DURATION_US, f"{w}.duration_us",
                 f"expected 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
@@ -657,16 +658,16 @@ class ScheduleBuilder:
                                  "stream": op.stream})
 
     def _parse_record(self, op, d, w, common):
-        _check_keys(d, common | {"stream", "event"}, w)
+        check_keys(d, common | {"stream", "event"}, w)
         op.event = _name(d, "event", w, self.events, "event")
         self._last_record[op.event] = op.index
 
     def _parse_wait(self, op, d, w, common):
-        _check_keys(d, common | {"stream", "event"}, w)
+        check_keys(d, common | {"stream", "event"}, w)
         self._bind(op, d, w)
 
     def _parse_host_sync(self, op, d, w, common):
-        _check_keys(d, common | {"event", "stream"}, w)
+        check_keys(d, common | {"event", "stream"}, w)
         require(not ("event" in d and "stream" in d), w, "expected 'event' or 'stream', not both")
         if "event" in d:
             self._bind(op, d, w)
@@ -679,7 +680,7 @@ class ScheduleBuilder:
             op.sync_targets = tuple(self._last_on_stream.values())
 
     def _parse_host_query(self, op, d, w, common):
-        _check_keys(d, common | {"event", "outcome"}, w)
+        check_keys(d, common | {"event", "outcome"}, w)
         self._bind(op, d, w)
         if self._resolve is not None:
             op.outcome = bool(self._resolve(op.bound_record))
@@ -692,7 +693,7 @@ class ScheduleBuilder:
         op.sync_targets = (op.bound_record,) if op.outcome and op.bound_record is not None else ()
 
     def _parse_barrier(self, op, d, w, common):
-        _check_keys(d, common | {"barrier", "hosts"}, w)
+        check_keys(d, common | {"barrier", "hosts"}, w)
         op.barrier = _label(d, "barrier", w)
         hosts = _get(d, "hosts", w, list)
         for k, h in enumerate(hosts):
