@@ -83,7 +83,8 @@ MAX_BUFFERS = 1024
 MAX_STREAMS = 1024
 MAX_EVENTS = 1 << 16
 MAX_OPS = 1 << 16              # 65,536 ops in one document (a run of any accepted file stays near 20 s)
-MAX_INIT_FILLS = 1 << 16       # (init entry, layer) pairs of all buffers (each is a fill of every model)
+MAX_INIT_FILLS = 1 << 12       # (init entry or segment, layer) pairs of all buffers: each is a fill of
+                               # every model, and a run builds its Memory three times (about 2 ms a fill)
 MAX_READ_EXTENTS = 1 << 16     # extents (unit rows, token fields, ranges) of all reads together
 MAX_READ_BYTES = 128 << 20     # bytes of all reads together (each read's bytes are kept, twice)
 MAX_OUT_OF_BOUNDS = 1 << 14    # copy extent sides outside their buffer (the report lists each one)
@@ -619,6 +620,13 @@ class ScheduleBuilder:
         self.totals.add_indices(_copy_indices(args, src.layout, dst.layout, f"{w}.args"), f"{w}.args.src_indices")
         op.args = _normalise_args(args, f"{w}.args")
         op.plan = plan_copy(op.routine, src.layout, dst.layout, op.args, w)
+        ext = op.plan.extents
+        for side, offs in (("src", ext.src), ("dst", ext.dst)):
+            low = int(np.min(offs)) if len(offs) else 0
+            require(low >= 0, f"{w}.args.{side}_indices",
+                    f"the routine addresses byte {low} of {side} {show(getattr(op, side))}, before its start "
+                    "(its 32-bit index arithmetic wraps for these indices); expected indices whose "
+                    "addresses are >= 0")
         self.totals.add_out_of_bounds(count_out_of_bounds(op.plan.extents, src.nbytes, dst.nbytes), w)
 
     def _parse_read(self, op, d, w, common):

@@ -277,3 +277,17 @@ def test_a_pool_of_tens_of_gigabytes_is_accepted_and_digested_by_provenance():
     doc["ops"] = [{"op": "write", "stream": "s0", "buffer": "idx", "layer": 60, "units": [pages - 1], "owner": 3}]
     written = run_schedule(sched_mod.validate(doc), profile(), materialise=False)
     assert written.memory.digest("idx") not in (big, None)
+
+
+def test_a_routine_whose_addresses_wrap_below_zero_is_refused_at_validation():
+    """dsv4_token with an index >= 2**31: the kernel's 32-bit index arithmetic gives
+    negative offsets; validate refuses it (naming the argument) instead of run failing."""
+    import json
+
+    with open("examples/c4_routine_on_bf16_index_k.json") as f:
+        doc = json.load(f)
+    copy = next(o for o in doc["ops"] if o["op"] == "copy")
+    copy["args"]["dst_indices"] = [2 ** 31]
+    copy["args"]["src_indices"] = [0]
+    msg = err(doc)
+    assert ".args.dst_indices" in msg and "before its start" in msg
