@@ -164,6 +164,7 @@ class Host:
     def __init__(self, executor: "Executor", name: str):
         self._ex = executor
         self.name = name
+        self._barrier_calls: dict[str, int] = {}     # barrier name -> instances reached so far
 
     @property
     def now(self) -> float:
@@ -194,8 +195,11 @@ class Host:
 
     def barrier(self, name: str, hosts) -> simpy.Event:
         """Block (``yield`` the result) until every host in ``hosts`` has reached barrier
-        ``name``; the k-th call with one name is the k-th instance of that barrier."""
-        return self._ex.pending_event(self._issue_dict({"op": "barrier", "barrier": name,
+        ``name``; the k-th call with one name is the k-th instance of that barrier, recorded
+        as barrier ``"name#k"``."""
+        k = self._barrier_calls.get(name, 0)
+        self._barrier_calls[name] = k + 1
+        return self._ex.pending_event(self._issue_dict({"op": "barrier", "barrier": f"{name}#{k}",
                                                         "hosts": list(hosts)}))
 
     def _issue_dict(self, d: dict, stream_op: bool = False):
