@@ -118,14 +118,20 @@ def _schedule_validate(args) -> int:
     check_output_path(args.json, "--json")
     s = load(args.file)
     n_copy = sum(op.op == "copy" for op in s.ops)
+    version = s.raw["kvrace_schedule"]
     if args.json:
-        write_json({"file": args.file, "valid": True, "version": 1, "name": s.name,
+        write_json({"file": args.file, "valid": True, "version": version, "name": s.name,
                     "buffers": len(s.buffers), "streams": len(s.streams), "events": len(s.events),
-                    "ops": len(s.ops), "copies": n_copy}, args.json)
+                    "hosts": len(s.hosts), "ops": len(s.ops), "copies": n_copy,
+                    "unbound_waits": [u["op"] for u in s.unbound]}, args.json)
         if args.json == "-":
             return EXIT_OK
-    print(f"{args.file}: valid kvrace schedule v1 '{s.name}': {len(s.buffers)} buffers, "
-          f"{len(s.streams)} streams, {len(s.events)} events, {len(s.ops)} ops ({n_copy} copies)")
+    print(f"{args.file}: valid kvrace schedule v{version} '{s.name}': {len(s.buffers)} buffers, "
+          f"{len(s.streams)} streams, {len(s.events)} events, {len(s.hosts)} host(s), {len(s.ops)} ops "
+          f"({n_copy} copies)")
+    for u in s.unbound:
+        print(f"  note: {u['kind']} {u['op']} on event {u['event']} has no record issued before it: a no-op "
+              "in CUDA (it orders nothing)")
     return EXIT_OK
 
 
