@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
+from sim.bytes.compact import _ranks
 from sim.memory import clip_extents
 from sim.schedule import Schedule
 
@@ -330,7 +331,7 @@ def _overlapping_group_pairs(S, E, G, n_groups: int) -> np.ndarray:
         tot = int(c.sum())
         if tot:
             ii = np.repeat(np.arange(i0, i1), c)
-            jj = ii + 1 + (np.arange(tot) - np.repeat(np.cumsum(c) - c, c))
+            jj = ii + 1 + _ranks(c)
             ga, gb = G[ii], G[jj]
             keys.append(_dedupe(np.minimum(ga, gb) * n_groups + np.maximum(ga, gb)))
         i0 = i1
@@ -359,7 +360,7 @@ def _expand_group_pairs(g1, g2, members):
         c = sn[k0:k1]
         tot = int(c.sum())
         pair = np.repeat(np.arange(k0, k1), c)
-        r = np.arange(tot) - np.repeat(np.cumsum(c) - c, c)
+        r = _ranks(c)
         ra, rb = r // ss2[pair], r % ss2[pair]
         same = sg1[pair] == sg2[pair]
         keep = ~same | (ra < rb)
