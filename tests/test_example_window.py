@@ -1,0 +1,35 @@
+"""examples/window_load_back_race.json is what examples/make_window_example.py cuts today.
+
+The example is a window cut from a two-rank host-program run (queries, barriers, slot reuse
+after acknowledgement); the GPU suite replays every example, this one included, so the file
+must stay the cut the current code produces.
+"""
+import importlib.util
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "make_window_example.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("make_window_example", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_committed_window_is_the_current_cut():
+    mod = _module()
+    assert mod.main(["--check"]) == 0, "run: python examples/make_window_example.py"
+
+
+def test_source_run_has_the_stale_read_and_clean_gated_reads():
+    mod = _module()
+    doc, status = mod.build()
+    assert status[mod.STALE_READ] == "stale"
+    # exactly rank 0's ungated index-K reads of iteration 2 are stale (layer 0 too: nothing
+    # was waited on before it); the gated latent reads and rank 1 are clean
+    stale = {k for k, v in status.items() if v != "ok"}
+    assert stale == {"rank0.it2.indexer_read_index_k_L0", mod.STALE_READ}
+    assert len(status) == 16
+    assert {o["id"] for o in doc["ops"] if o["op"] != "host_delay"} == {
+        mod.STALE_READ, "rank0.it2.load_index_k_L1"}
