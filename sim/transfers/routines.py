@@ -18,6 +18,10 @@ source; ``reference/sglang_hicache.md`` §3.3 and §4):
   its own fixed C4 constants, whatever buffers it is handed.
 * ``token_bytewise``: the candidate fix, each token's own bytes as the layouts
   describe them.
+* ``staged_all_layer_lf_pf``: ``jit_kernel.hicache.transfer_hicache_all_layer_mla_staged_lf_pf``
+  (the page_first write-back SGLang 0.5.14 runs when ``can_use_write_back_jit``):
+  one launch gathers whole pages into a device staging buffer, then one
+  ``cudaMemcpyAsync`` per page moves the staged page to the host.
 
 Nothing here clips: :func:`check_bounds` reports extents that leave a buffer.
 """
@@ -53,6 +57,8 @@ DSV4_SCALE_OFFSET = DSV4_VALUE_BYTES * DSV4_PAGE_SIZE
 DSV4_CHUNK_BYTES = DSV4_VALUE_BYTES + DSV4_SCALE_BYTES
 
 DSA_PAGE_SIZE = 64  # forced on CUDA for DSA (server_args)
+#: HiCacheStagedWriteBackKernel: ``RuntimeCheck(kElementSize % 16 == 0, ...)``
+STAGED_ITEM_ALIGN = 16
 DSA_INDEXER_PAGE_ERROR = "Index buffer transfer expects page-aligned indices for DSA."
 
 
@@ -460,6 +466,39 @@ def _token_bytewise(src, dst, args, where) -> CopyPlan:
     return CopyPlan("token_bytewise", ext, warp_quota_launch(s.size))
 
 
+def _staged_all_layer_lf_pf(src, dst, args, where) -> CopyPlan:
+    s, d = _pair(args, where)
+    ps = _int(args["page_size"], where + ".args.page_size", minimum=1)
+    if not isinstance(dst, HostLayout) or dst.layout != "page_first":
+        raise InputError(where + ".dst_layout",
+                         f"expected a page_first host layout (the staged write-back copies each page "
+                         f"to host index * layers * unit_bytes), got {getattr(dst, 'layout', dst.kind)}")
+    if s.size % ps:
+        raise InputError(where + ".args.src_indices",
+                         f"HiCache staged relayout: staging token count mismatch (got {s.size} indices, "
+                         f"not a multiple of page_size {ps})")
+    if src.layers != dst.layers:
+        raise InputError(where + ".args",
+                         f"expected one layer count on both sides (the pointer table has one entry per "
+                         f"host layer), got src {src.layers} and dst {dst.layers}")
+    ib = _item_bytes(args, src, dst, where, align=STAGED_ITEM_ALIGN)
+    n_pages = s.size // ps
+    # the first index of each page_size group decides the page on both sides
+    sp = s[::ps]
+    dp = d[::ps]
+    t = np.arange(ps, dtype=np.int64)
+    layers = np.arange(src.layers, dtype=np.int64)
+    tok_s = (sp[:, None] + t[None, :]).reshape(-1)          # page-major, token within page
+    tok_d = (dp[:, None] + t[None, :]).reshape(-1)
+    so = np.stack([src.unit_offsets(int(L), tok_s) for L in layers], axis=1) if tok_s.size else np.zeros((0, 1))
+    do = np.stack([dst.unit_offsets(int(L), tok_d) for L in layers], axis=1) if tok_d.size else np.zeros((0, 1))
+    item = np.repeat(np.arange(n_pages, dtype=np.int64), ps * layers.size)
+    ln = np.full(item.size, ib, dtype=np.int64)
+    so, do = so.reshape(-1), do.reshape(-1)
+    ext = _merge_contiguous(so.astype(np.int64), do.astype(np.int64), ln, item, n_pages)
+    return CopyPlan("staged_all_layer_lf_pf", ext, memcpy_launch(n_pages))
+
+
 ROUTINES: dict[str, Routine] = {r.name: r for r in (
     Routine(
         "kernel_per_layer", "sgl_kernel.transfer_kv_per_layer[_mla] / transfer_kv_per_layer[_mla]_pf_lf",
@@ -493,6 +532,16 @@ ROUTINES: dict[str, Routine] = {r.name: r for r in (
         "Per token, copy the token's own bytes (token_extents on each side, field by "
         "field). Pairs with a negative index are skipped, as in the AOT kernel.",
         ("layer", "src_indices", "dst_indices"), (), _token_bytewise),
+    Routine(
+        "staged_all_layer_lf_pf",
+        "sglang.jit_kernel.hicache.transfer_hicache_all_layer_mla_staged_lf_pf (one chunk)",
+        "Backup (D2H) of whole pages to a page_first host pool: item p is page p, one memcpy "
+        "of page_size x layers rows; only the first index of each page_size group counts on "
+        "either side (token t of the page is src_indices[p*page_size] + t). Extents are "
+        "token-major, layer-minor (the host page's byte order). Nothing is skipped. Models "
+        "the relayout kernel and the page memcpys as one copy: the device bytes are read as "
+        "each page's memcpy runs (in SGLang the relayout kernel read them all before).",
+        ("src_indices", "dst_indices", "page_size"), ("item_bytes",), _staged_all_layer_lf_pf),
 )}
 
 
@@ -561,6 +610,8 @@ def item_bounds(routine: str, args: Mapping) -> np.ndarray:
     n = s.size
     if routine == "dsa_indexer_per_layer":
         return np.arange(0, n + 1, int(args.get("page_size", DSA_PAGE_SIZE)), dtype=np.int64)
+    if routine == "staged_all_layer_lf_pf":
+        return np.arange(0, n + 1, int(args["page_size"]), dtype=np.int64)
     if routine == "direct_per_layer":
         brk = np.ones(n, dtype=bool)
         if n > 1:

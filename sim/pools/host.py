@@ -1,0 +1,630 @@
+"""Host (pinned CPU) KV pools and the copies SGLang 0.5.14 launches for them.
+
+Models ``sglang/srt/mem_cache/pool_host/base.py`` (``HostKVCache``) and
+``memory_pool_host.py`` (``MLATokenToKVPoolHost``, ``DSAIndexerPoolHost``,
+``PoolEntry``, ``HostPoolGroup``).  A host pool owns its slot bookkeeping
+(``free_slots``) and its geometry (a :class:`~sim.pools.layouts.HostLayout`);
+the bytes live in the executor's Memory under the names ``buffers()`` declares.
+
+``load_to_device_per_layer`` and ``backup_from_device_all_layer`` do not move
+bytes: they return the copy ops SGLang would launch, as schedule op dicts
+without ``stream``/``host``/``id`` (the cache controller adds those), in
+launch order.  Each op carries a ``note`` naming the SGLang/sgl-kernel
+function that would run (JIT and AOT kernels have the same byte effect; the
+``note`` records which one 0.5.14 picks).  The routine is chosen per
+io backend and layout exactly as 0.5.14 chooses it; an unsupported
+(backend, layout) pair raises :class:`UnsupportedTransfer` where SGLang raises
+``ValueError``.
+
+Platform assumptions (documented in ``docs/pools.md``): CUDA, the JIT HiCache
+modules load (``can_use_hicache_jit_kernel`` iff element_size % 128 == 0,
+``can_use_write_back_jit_kernel`` iff element_size % 16 == 0).
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from sim.errors import InputError, KvraceError, show
+from sim.pools.device import DSATokenToKVPool, KVCache, MLATokenToKVPool, buffer_decl
+from sim.pools.layouts import HOST_LAYOUTS, HostLayout, host_mirror
+
+__all__ = [
+    "HICACHE_HOST_MEMORY_RESERVE_BYTES",
+    "WRITE_BACK_STAGING_PAGE_CHUNK",
+    "IO_BACKENDS",
+    "UnsupportedTransfer",
+    "HostKVCache",
+    "MLATokenToKVPoolHost",
+    "DSAIndexerPoolHost",
+    "PoolEntry",
+    "PoolTransfer",
+    "HostPoolGroup",
+    "resolve_layout_io_compatibility",
+    "can_use_hicache_jit_kernel",
+    "can_use_write_back_jit_kernel",
+]
+
+#: pool_host/base.py: host RAM left free when sizing the pool
+HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 * (1024 ** 3)
+#: memory_pool_host.py ``_WRITE_BACK_STAGING_PAGE_CHUNK``: pages per staged launch
+WRITE_BACK_STAGING_PAGE_CHUNK = 64
+IO_BACKENDS = ("kernel", "direct")
+
+
+class UnsupportedTransfer(KvraceError):
+    """A (pool, io backend, layout) combination SGLang 0.5.14 rejects with
+    ``ValueError`` ("Unsupported layout" / "Unsupported IO backend")."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+def can_use_hicache_jit_kernel(element_size: int) -> bool:
+    """``jit_kernel.hicache.can_use_hicache_jit_kernel`` on CUDA: element_size % 128 == 0."""
+    return element_size % 128 == 0
+
+
+def can_use_write_back_jit_kernel(element_size: int) -> bool:
+    """``can_use_write_back_jit_kernel`` on CUDA: element_size % 16 == 0."""
+    return element_size % 16 == 0
+
+
+def resolve_layout_io_compatibility(layout: str, io_backend: str, *, is_hip: bool = False) -> tuple[str, str]:
+    """``ServerArgs._resolve_layout_io_compatibility``: the (layout, io_backend)
+    SGLang actually runs for the requested pair.
+
+    In order: ``page_first_direct`` + ``kernel`` -> backend ``direct``;
+    ``page_first`` + ``direct`` -> layout ``page_first_direct``; on ROCm
+    (``is_hip``) ``page_first`` + ``kernel`` -> layout ``layer_first``.
+    Everything else is returned unchanged.
+    """
+    if layout not in HOST_LAYOUTS:
+        raise InputError("layout", f"expected one of {list(HOST_LAYOUTS)}, got {show(layout)}")
+    if io_backend not in IO_BACKENDS:
+        raise InputError("io_backend", f"expected one of {list(IO_BACKENDS)}, got {show(io_backend)}")
+    if layout == "page_first_direct" and io_backend == "kernel":
+        io_backend = "direct"
+    if layout == "page_first" and io_backend == "direct":
+        layout = "page_first_direct"
+    if layout == "page_first" and io_backend == "kernel" and is_hip:
+        layout = "layer_first"
+    return layout, io_backend
+
+
+def _ints(v: Any, where: str) -> np.ndarray:
+    a = np.asarray(v)
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if not np.issubdtype(a.dtype, np.integer):
+        raise InputError(where, f"expected integer indices, got dtype {a.dtype}")
+    return a.astype(np.int64).reshape(-1)
+
+
+def _copy(routine: str, src: str, dst: str, args: dict, note: str) -> dict:
+    return {"op": "copy", "routine": routine, "src": src, "dst": dst, "args": args, "note": note}
+
+
+def _lst(a: np.ndarray) -> list[int]:
+    return a.tolist()
+
+
+def _check_pair(host_indices, device_indices) -> tuple[np.ndarray, np.ndarray]:
+    h = _ints(host_indices, "host_indices")
+    d = _ints(device_indices, "device_indices")
+    if h.size != d.size:
+        raise InputError("device_indices", f"expected as many device indices as host indices "
+                                           f"({h.size}), got {d.size}")
+    return h, d
+
+
+class HostKVCache:
+    """``pool_host/base.py`` ``HostKVCache``: sizing and the host slot free list.
+
+    Sizing (exactly as SGLang): with ``host_size > 0`` (GB, 1e9 bytes)
+    ``size = int(host_size * 1e9 // size_per_token)``, else
+    ``size = int(device_pool.size * host_to_device_ratio)``; then
+    ``page_num = size // page_size + 1`` and ``size = page_num * page_size``
+    (NOTE: always one page more, even when size was already aligned).
+    ``size`` must exceed ``device_pool.size``.  SGLang checks the request
+    against ``psutil`` available memory minus
+    :data:`HICACHE_HOST_MEMORY_RESERVE_BYTES`; here the available memory is
+    the parameter ``host_memory_available`` (bytes; ``None`` skips the check).
+
+    Slots: ``free_slots`` starts as ``0..size-1`` (no padding slot on the
+    host).  ``alloc(n)`` needs ``n % page_size == 0`` and takes the first
+    ``n``; ``free`` appends to the back and returns the count.
+    """
+
+    def __init__(self, device_pool: KVCache, host_to_device_ratio: float, host_size: float,
+                 page_size: int, layout: str, *, prefix: str = "host_",
+                 host_memory_available: Optional[int] = None):
+        if layout not in HOST_LAYOUTS:
+            raise InputError("layout", f"expected one of {list(HOST_LAYOUTS)}, got {show(layout)}")
+        if not isinstance(page_size, numbers.Integral) or page_size < 1:
+            raise InputError("page_size", f"expected an integer >= 1, got {show(page_size)}")
+        self.device_pool = device_pool
+        self.page_size = int(page_size)
+        self.layout = layout
+        self.prefix = prefix
+        self.device = device_pool.device
+        self.size_per_token = self.get_size_per_token()
+        if host_size > 0:
+            self.size = int(host_size * 1e9 // self.size_per_token)
+        else:
+            self.size = int(device_pool.size * host_to_device_ratio)
+        self.page_num = self.size // self.page_size + 1
+        self.size = self.page_num * self.page_size
+        self.start_layer = device_pool.start_layer
+        self.end_layer = device_pool.end_layer
+        if not self.size > device_pool.size:
+            raise InputError("hicache_ratio",
+                             f"The host memory should be larger than the device memory with the current "
+                             f"protocol: host size {self.size} tokens <= device size {device_pool.size}")
+        if host_memory_available is not None:
+            requested = self.size * self.size_per_token
+            available = host_memory_available - HICACHE_HOST_MEMORY_RESERVE_BYTES
+            if requested > available:
+                raise InputError("host_memory_available",
+                                 f"Not enough host memory available. Requesting {requested / 1e9:.2f} GB "
+                                 f"but only have {available / 1e9:.2f} GB free")
+        self.layouts: dict[str, HostLayout] = {}
+        self._kinds: dict[str, str] = {}
+        self.init_kv_buffer()
+        self.clear()
+
+    # ---- geometry hooks
+    def get_size_per_token(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def init_kv_buffer(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _add(self, attr: str, kind: str, layout: HostLayout) -> str:
+        name = f"{self.prefix}{attr}"
+        self.layouts[name] = layout
+        self._kinds[name] = kind
+        return name
+
+    def buffers(self) -> list[dict]:
+        """Schedule-header buffer declarations (location ``host``)."""
+        return [buffer_decl(n, "host", self._kinds[n], lay, self.device) for n, lay in self.layouts.items()]
+
+    # ---- slots
+    def clear(self) -> None:
+        self.free_slots = np.arange(self.size, dtype=np.int64)
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> Optional[np.ndarray]:
+        if not isinstance(need_size, numbers.Integral) or need_size < 0:
+            raise InputError("need_size", f"expected an integer >= 0, got {show(need_size)}")
+        if need_size % self.page_size != 0:
+            raise InputError("need_size", f"The requested size should be a multiple of the page size "
+                                          f"({self.page_size}), got {need_size}")
+        if need_size > self.available_size():
+            return None
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        return out
+
+    def free(self, indices) -> int:
+        idx = _ints(indices, "indices")
+        self.free_slots = np.concatenate([self.free_slots, idx])
+        return len(idx)
+
+    def _backend(self, io_backend: str) -> str:
+        if io_backend not in IO_BACKENDS:
+            raise UnsupportedTransfer(f"Unsupported IO backend: {io_backend}")
+        return io_backend
+
+
+class MLATokenToKVPoolHost(HostKVCache):
+    """Host mirror of an :class:`MLATokenToKVPool` (``memory_pool_host.py``).
+
+    One unit per token (``token_stride_size = kv_cache_dim * itemsize``
+    bytes per layer); ``size_per_token = token_stride_size * layer_num``.
+    Buffer ``<prefix>kv_buffer``, kind ``kv`` (the device pool's kind), in
+    ``layer_first`` ``(L, size)``, ``page_first`` ``(size, L)`` or
+    ``page_first_direct`` ``(page_num, L, page_size)``.
+    """
+
+    def __init__(self, device_pool: MLATokenToKVPool, host_to_device_ratio: float, host_size: float,
+                 page_size: int, layout: str, *, prefix: str = "host_",
+                 host_memory_available: Optional[int] = None):
+        if not isinstance(device_pool, MLATokenToKVPool):
+            raise InputError("device_pool", f"expected an MLATokenToKVPool, got {type(device_pool).__name__}")
+        super().__init__(device_pool, host_to_device_ratio, host_size, page_size, layout, prefix=prefix,
+                         host_memory_available=host_memory_available)
+        self.can_use_jit = can_use_hicache_jit_kernel(self.token_stride_size)
+        self.can_use_write_back_jit = (self.layout == "page_first"
+                                       and can_use_write_back_jit_kernel(self.token_stride_size))
+        self.staging_page_capacity = (min(self.page_num, WRITE_BACK_STAGING_PAGE_CHUNK)
+                                      if self.can_use_write_back_jit else 0)
+
+    def get_size_per_token(self) -> int:
+        dp = self.device_pool
+        self.layer_num = dp.layer_num
+        self.kv_cache_dim = dp.kv_cache_dim
+        self.token_stride_size = dp.token_stride_size
+        return self.token_stride_size * self.layer_num
+
+    def init_kv_buffer(self) -> None:
+        dp = self.device_pool
+        self.kv_layout = host_mirror(dp.kv_layout, self.layout, units=self.size, page_size=self.page_size,
+                                     name=f"host_{dp.kv_layout.name}")
+        self.kv_buffer = self._add("kv_buffer", dp.kind_of(dp.kv_buffer), self.kv_layout)
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id: int,
+                                 io_backend: str) -> list[dict]:
+        """H2D copy ops of layer ``layer_id`` (a local layer index)."""
+        h, d = _check_pair(host_indices, device_indices)
+        be = self._backend(io_backend)
+        args = {"layer": int(layer_id), "src_indices": _lst(h), "dst_indices": _lst(d)}
+        if be == "kernel":
+            if self.layout == "layer_first":
+                note = ("jit_transfer_hicache_one_layer_mla" if self.can_use_jit
+                        else "sgl_kernel.transfer_kv_per_layer_mla")
+            elif self.layout == "page_first":
+                note = ("jit_transfer_hicache_one_layer_mla (page_first per-layer view)" if self.can_use_jit
+                        else "sgl_kernel.transfer_kv_per_layer_mla_pf_lf")
+            else:
+                raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend kernel)")
+            return [_copy("kernel_per_layer", self.kv_buffer, device_pool.kv_buffer, args, note)]
+        if self.layout == "layer_first":
+            note = "sgl_kernel.transfer_kv_direct"
+        elif self.layout == "page_first_direct":
+            note = "sgl_kernel.transfer_kv_per_layer_direct_pf_lf"
+        else:
+            raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
+        args["page_size"] = self.page_size
+        return [_copy("direct_per_layer", self.kv_buffer, device_pool.kv_buffer, args, note)]
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
+                                     io_backend: str) -> list[dict]:
+        """D2H copy ops of one backup of all layers."""
+        h, d = _check_pair(host_indices, device_indices)
+        be = self._backend(io_backend)
+        src, dst = device_pool.kv_buffer, self.kv_buffer
+        if be == "kernel":
+            if self.layout == "layer_first":
+                note = ("jit_transfer_hicache_all_layer_mla" if self.can_use_jit
+                        else "sgl_kernel.transfer_kv_all_layer_mla")
+                return [_copy("kernel_all_layer", src, dst,
+                              {"src_indices": _lst(d), "dst_indices": _lst(h)}, note)]
+            if self.layout == "page_first":
+                if self.can_use_write_back_jit:
+                    return _staged_ops(src, dst, d, h, self.page_size, self.staging_page_capacity,
+                                       "jit_transfer_hicache_all_layer_mla_staged_lf_pf")
+                return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(d), "dst_indices": _lst(h)},
+                              "sgl_kernel.transfer_kv_all_layer_mla_lf_pf")]
+            raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend kernel)")
+        if self.layout == "layer_first":
+            note = "sgl_kernel.transfer_kv_direct (all layers)"
+        elif self.layout == "page_first_direct":
+            note = "sgl_kernel.transfer_kv_all_layer_direct_lf_pf"
+        else:
+            raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
+        return [_copy("direct_per_layer", src, dst,
+                      {"layer": L, "src_indices": _lst(d), "dst_indices": _lst(h), "page_size": self.page_size},
+                      f"{note}, layer {L}") for L in range(self.layer_num)]
+
+
+def _staged_ops(src: str, dst: str, d: np.ndarray, h: np.ndarray, page_size: int, capacity: int,
+                note: str) -> list[dict]:
+    """The chunks of the staged write-back: ``capacity`` pages per launch.
+
+    NOTE: SGLang walks ``src_indices[::page_size]`` in chunks of
+    ``staging_page_capacity`` pages and slices ``dst_indices`` to the same
+    pages; each chunk is one relayout launch plus one memcpy per page.
+    """
+    n_pages = -(-d.size // page_size)
+    ops = []
+    for begin in range(0, n_pages, capacity):
+        chunk = min(capacity, n_pages - begin)
+        lo, hi = begin * page_size, (begin + chunk) * page_size
+        ops.append(_copy("staged_all_layer_lf_pf", src, dst,
+                         {"src_indices": _lst(d[lo:hi]), "dst_indices": _lst(h[lo:hi]), "page_size": page_size},
+                         f"{note} (pages {begin}..{begin + chunk - 1} of {n_pages})"))
+    return ops
+
+
+class DSAIndexerPoolHost(HostKVCache):
+    """Host mirror of a :class:`DSATokenToKVPool`'s index-K pages (sidecar of
+    the MLA host pool ``anchor_host``, sharing its slot numbers).
+
+    Unit = one index-K page row of ``indexer_page_stride_size`` bytes (8,448);
+    ``indexer_page_num = (size + page_size + 1) // page_size`` units.
+    ``page_first`` and ``page_first_direct`` have the same shape
+    ``(pages, L, 1, stride)``.  Token indices become page indices by
+    ``indices.reshape(-1, page_size)[:, 0] // page_size`` (the first token of
+    each group decides).  The kernel path needs the stride % 8 == 0; with the
+    kernel backend and another stride SGLang raises (ValueError), as here.
+    Slots are never allocated from this pool: the group's anchor does it.
+    """
+
+    def __init__(self, device_pool: DSATokenToKVPool, anchor_host: MLATokenToKVPoolHost, layout: str, *,
+                 prefix: str = "host_"):
+        if not isinstance(device_pool, DSATokenToKVPool):
+            raise InputError("device_pool", f"expected a DSATokenToKVPool, got {type(device_pool).__name__}")
+        if device_pool.bf16_index_k:
+            raise InputError("device_pool", "DSAIndexerPoolHost models SGLang's fp8 index-K pages; the bf16 "
+                                            "index-K variant has no SGLang host pool")
+        if layout not in HOST_LAYOUTS:
+            raise InputError("layout", f"expected one of {list(HOST_LAYOUTS)}, got {show(layout)}")
+        # NOTE: SGLang does not call HostKVCache.__init__ here: size and page_num
+        # are the anchor's, and there is no size > device check of its own.
+        self.device_pool = device_pool
+        self.page_size = anchor_host.page_size
+        self.layout = layout
+        self.prefix = prefix
+        self.device = device_pool.device
+        self.start_layer = device_pool.start_layer
+        self.end_layer = device_pool.end_layer
+        self.layer_num = device_pool.layer_num
+        self.size = anchor_host.size
+        self.page_num = anchor_host.page_num
+        self.indexer_page_stride_size = device_pool.index_page_bytes
+        self.indexer_layout_dim = self.indexer_page_stride_size * self.layer_num
+        self.indexer_page_num = (self.size + self.page_size + 1) // self.page_size
+        self.size_per_token = self.get_size_per_token()
+        self.layouts = {}
+        self._kinds = {}
+        self.init_kv_buffer()
+        self.can_use_jit = False
+        self.can_use_write_back_jit = (self.layout == "page_first"
+                                       and can_use_write_back_jit_kernel(self.indexer_page_stride_size))
+        self.staging_page_capacity = (min(self.indexer_page_num, WRITE_BACK_STAGING_PAGE_CHUNK)
+                                      if self.layout == "page_first" else 0)
+        self.clear()
+
+    def get_size_per_token(self) -> int:
+        return self.indexer_page_stride_size // self.page_size * self.layer_num
+
+    def init_kv_buffer(self) -> None:
+        dp = self.device_pool
+        shape = "layer_first" if self.layout == "layer_first" else "page_first"
+        self.index_k_layout = host_mirror(dp.index_k_layout, shape, units=self.indexer_page_num, page_size=1,
+                                          name=f"host_{dp.index_k_layout.name}")
+        self.index_k_with_scale_buffer = self._add("index_k_with_scale_buffer", dp.kind_of(dp.index_k_buffer),
+                                                   self.index_k_layout)
+
+    def _get_indexer_page_indices(self, host_indices: np.ndarray, device_indices: np.ndarray):
+        if host_indices.size == 0:
+            return host_indices, device_indices
+        if host_indices.size % self.page_size != 0:
+            raise InputError("host_indices", "Index buffer transfer expects page-aligned indices for DSA.")
+        return (host_indices.reshape(-1, self.page_size)[:, 0] // self.page_size,
+                device_indices.reshape(-1, self.page_size)[:, 0] // self.page_size)
+
+    def _use_kernel(self, io_backend: str) -> bool:
+        be = self._backend(io_backend)
+        use = be == "kernel" and self.indexer_page_stride_size % 8 == 0
+        if be == "kernel" and not use:
+            raise UnsupportedTransfer(f"Unsupported IO backend: {io_backend} (indexer page stride "
+                                      f"{self.indexer_page_stride_size} is not a multiple of 8)")
+        return use
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id: int,
+                                 io_backend: str) -> list[dict]:
+        h, d = _check_pair(host_indices, device_indices)
+        hp, dp = self._get_indexer_page_indices(h, d)
+        src, dst = self.index_k_with_scale_buffer, device_pool.index_k_buffer
+        if self._use_kernel(io_backend):
+            if self.layout == "layer_first":
+                note = "sgl_kernel.transfer_kv_per_layer_mla (index-K pages)"
+            elif self.layout == "page_first":
+                note = "sgl_kernel.transfer_kv_per_layer_mla_pf_lf (index-K pages)"
+            else:
+                raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend kernel)")
+            return [_copy("dsa_indexer_per_layer", src, dst,
+                          {"layer": int(layer_id), "src_indices": _lst(h), "dst_indices": _lst(d),
+                           "page_size": self.page_size}, note)]
+        if self.layout == "layer_first":
+            note = "sgl_kernel.transfer_kv_direct (index-K pages, page_size 1)"
+        elif self.layout == "page_first_direct":
+            note = "sgl_kernel.transfer_kv_per_layer_direct_pf_lf (index-K pages, page_size 1)"
+        else:
+            raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
+        return [_copy("direct_per_layer", src, dst,
+                      {"layer": int(layer_id), "src_indices": _lst(hp), "dst_indices": _lst(dp), "page_size": 1},
+                      note)]
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
+                                     io_backend: str) -> list[dict]:
+        h, d = _check_pair(host_indices, device_indices)
+        hp, dp = self._get_indexer_page_indices(h, d)
+        src, dst = device_pool.index_k_buffer, self.index_k_with_scale_buffer
+        if self._use_kernel(io_backend):
+            if self.layout == "layer_first":
+                return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dp), "dst_indices": _lst(hp)},
+                              "sgl_kernel.transfer_kv_all_layer_mla (index-K pages)")]
+            if self.layout == "page_first":
+                if self.can_use_write_back_jit:
+                    # NOTE: SGLang passes page_size=1: each index-K page row is one "page".
+                    return _staged_ops(src, dst, dp, hp, 1, self.staging_page_capacity,
+                                       "jit_transfer_hicache_all_layer_mla_staged_lf_pf (index-K pages)")
+                return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dp), "dst_indices": _lst(hp)},
+                              "sgl_kernel.transfer_kv_all_layer_mla_lf_pf (index-K pages)")]
+            raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend kernel)")
+        if self.layout == "layer_first":
+            note = "sgl_kernel.transfer_kv_direct (index-K pages, all layers)"
+        elif self.layout == "page_first_direct":
+            note = "sgl_kernel.transfer_kv_all_layer_direct_lf_pf (index-K pages)"
+        else:
+            raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
+        return [_copy("direct_per_layer", src, dst,
+                      {"layer": L, "src_indices": _lst(dp), "dst_indices": _lst(hp), "page_size": 1},
+                      f"{note}, layer {L}") for L in range(self.layer_num)]
+
+
+# ----------------------------------------------------------------------------
+# groups
+
+@dataclass
+class PoolEntry:
+    """``memory_pool_host.PoolEntry``: one pool of a :class:`HostPoolGroup`.
+
+    ``layer_mapper(global layer) -> local layer or None`` (None: the pool has
+    no such layer, nothing is copied).  The anchor (``is_primary_index_anchor``,
+    else the first entry) owns the host slots.
+    """
+
+    name: str
+    host_pool: Any
+    device_pool: Any
+    layer_mapper: Callable[[int], Optional[int]]
+    is_primary_index_anchor: bool = False
+
+
+@dataclass
+class PoolTransfer:
+    """``hicache_storage.PoolTransfer`` (the fields a load or backup uses):
+    the sidecar pool ``name`` and its own host/device indices."""
+
+    name: str
+    host_indices: Optional[np.ndarray]
+    device_indices: Optional[np.ndarray] = None
+
+
+def _identity(layer: int) -> Optional[int]:
+    return layer
+
+
+class HostPoolGroup:
+    """``memory_pool_host.HostPoolGroup``: an anchor host pool plus sidecars.
+
+    ``alloc``/``free``/``available_size``/``size``/``page_size``/``layout``
+    are the anchor's.  A load of layer i emits the anchor's layer-i copy
+    (skipped when no host indices, as in SGLang), then each pool transfer's
+    layer-i copy in the order of ``pool_transfers``.  A backup emits the
+    anchor's backup, then each pool transfer's.
+
+    ``pool_transfers=None`` means what the DSA stack's controller builds in
+    0.5.14: every sidecar, in entry order, with the anchor's indices
+    (``SidecarPoolSpec(indices_from_pool=KV)``).  Pass ``[]`` for none.
+    """
+
+    def __init__(self, entries: list[PoolEntry]):
+        if not entries:
+            raise InputError("entries", "HostPoolGroup requires at least one pool entry.")
+        self.entries = list(entries)
+        self.entry_map = {e.name: e for e in self.entries}
+        self.anchor_entry = next((e for e in self.entries if e.is_primary_index_anchor), self.entries[0])
+        anchor = self.anchor_entry.host_pool
+        self.layout = anchor.layout
+        self.page_size = anchor.page_size
+        self.device = anchor.device
+        self.size = anchor.size
+        self.can_use_write_back_jit = all(getattr(e.host_pool, "can_use_write_back_jit", False)
+                                          for e in self.entries)
+
+    @property
+    def start_layer(self) -> int:
+        return self.anchor_entry.host_pool.start_layer
+
+    @property
+    def end_layer(self) -> int:
+        return self.anchor_entry.host_pool.end_layer
+
+    @property
+    def size_per_token(self) -> int:
+        return self.anchor_entry.host_pool.size_per_token
+
+    @property
+    def free_slots(self) -> np.ndarray:
+        return self.anchor_entry.host_pool.free_slots
+
+    def get_pool(self, name: str):
+        return self.entry_map[name].host_pool
+
+    def buffers(self) -> list[dict]:
+        """Every entry's host buffers, anchor first, then the others in entry order."""
+        out = list(self.anchor_entry.host_pool.buffers())
+        for e in self.entries:
+            if e is not self.anchor_entry:
+                out.extend(e.host_pool.buffers())
+        return out
+
+    def device_buffers(self) -> list[dict]:
+        """The device buffers of every entry's device pool (each pool once)."""
+        seen, out = set(), []
+        for e in [self.anchor_entry] + [e for e in self.entries if e is not self.anchor_entry]:
+            if id(e.device_pool) not in seen:
+                seen.add(id(e.device_pool))
+                out.extend(e.device_pool.buffers())
+        return out
+
+    def clear(self) -> None:
+        for e in self.entries:
+            e.host_pool.clear()
+
+    def available_size(self) -> int:
+        return self.anchor_entry.host_pool.available_size()
+
+    def alloc(self, need_size: int):
+        return self.anchor_entry.host_pool.alloc(need_size)
+
+    def free(self, indices) -> int:
+        return self.anchor_entry.host_pool.free(indices)
+
+    def _transfers(self, host_indices, device_indices, pool_transfers):
+        if pool_transfers is None:
+            return [PoolTransfer(e.name, host_indices, device_indices)
+                    for e in self.entries if e is not self.anchor_entry]
+        return pool_transfers
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id: int,
+                                 io_backend: str, pool_transfers: Optional[list] = None) -> list[dict]:
+        """Layer ``layer_id``'s copies: anchor, then each sidecar (SGLang order).
+        ``device_pool`` is accepted for SGLang's signature; each entry's own
+        device pool is used, as in SGLang."""
+        h = _ints(host_indices, "host_indices")
+        ops: list[dict] = []
+        anchor = self.anchor_entry
+        local = anchor.layer_mapper(layer_id)
+        if local is not None and h.size > 0:
+            ops += anchor.host_pool.load_to_device_per_layer(anchor.device_pool, h, device_indices, local,
+                                                             io_backend)
+        for t in self._transfers(h, device_indices, pool_transfers):
+            entry = self.entry_map.get(t.name)
+            if entry is None or t.host_indices is None:
+                continue
+            local = entry.layer_mapper(layer_id)
+            if local is None:
+                continue
+            ops += entry.host_pool.load_to_device_per_layer(entry.device_pool, t.host_indices, t.device_indices,
+                                                            local, io_backend)
+        return ops
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend: str,
+                                     pool_transfers: Optional[list] = None) -> list[dict]:
+        """One backup: the anchor's all-layer copy, then each sidecar's."""
+        anchor = self.anchor_entry
+        ops = list(anchor.host_pool.backup_from_device_all_layer(anchor.device_pool, host_indices,
+                                                                 device_indices, io_backend))
+        for t in self._transfers(host_indices, device_indices, pool_transfers):
+            entry = self.entry_map.get(t.name)
+            if entry is None or t.host_indices is None:
+                continue
+            ops += entry.host_pool.backup_from_device_all_layer(entry.device_pool, t.host_indices,
+                                                                t.device_indices, io_backend)
+        return ops
+
+    @classmethod
+    def for_dsa(cls, device_pool: DSATokenToKVPool, host_to_device_ratio: float, host_size: float,
+                layout: str, *, prefix: str = "host_",
+                host_memory_available: Optional[int] = None) -> "HostPoolGroup":
+        """The DSA stack of 0.5.14 (``hybrid_pool_assembler._DsaStrategy``):
+        anchor ``kv`` = MLATokenToKVPoolHost, sidecar ``indexer`` =
+        DSAIndexerPoolHost, identity layer mapping."""
+        kv = MLATokenToKVPoolHost(device_pool, host_to_device_ratio, host_size, device_pool.page_size, layout,
+                                  prefix=prefix, host_memory_available=host_memory_available)
+        ix = DSAIndexerPoolHost(device_pool, kv, layout, prefix=prefix)
+        return cls([PoolEntry("kv", kv, device_pool, _identity, True),
+                    PoolEntry("indexer", ix, device_pool, _identity)])
