@@ -225,6 +225,23 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         self.free_pages = self.free_pages[num_pages:]
         return self._pages_to_tokens(out_pages)
 
+    def free(self, free_index) -> None:
+        """Release the pages of ``free_index``: ``unique(free_index // page_size)``
+        (sorted ascending) goes to the FRONT of ``free_pages`` (of
+        ``release_pages`` with ``need_sort``).  Freeing one token of a page
+        frees the whole page, as in SGLang."""
+        idx = _ints(free_index, "free_index")
+        if idx.size == 0:
+            return
+        if self.is_not_in_free_group:
+            pages = np.unique(idx // self.page_size)
+            if self.need_sort:
+                self.release_pages = np.concatenate((pages, self.release_pages))
+            else:
+                self.free_pages = np.concatenate((pages, self.free_pages))
+        else:
+            self.free_group.append(idx)
+
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
                      extend_num_tokens: int, num_new_pages: int | None = None):
         """Slots for extending each request from ``prefix_lens[i]`` to ``seq_lens[i]`` tokens.
