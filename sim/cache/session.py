@@ -1,0 +1,387 @@
+"""A standalone HiCache session: the cache, its controller and the executor, from plain Python.
+
+``CacheSession(config)`` builds, from a small validated config, the device pool, its
+allocator and the host pool (``sim.pools``), a run header (their buffers, the streams
+``schedule``, ``forward``, ``load`` and ``write``, the controller's events, the host
+``scheduler``), the online executor, the :class:`~sim.cache.controller.HiCacheController`
+and SGLang's ``HiRadixCache`` over it (``session.cache``).  Every call is made by the
+scheduler host, and the session advances the simulated clock until the call and any
+blocking step it left (``controller.settle()``) have completed::
+
+    s = CacheSession({"model": "mla", "layers": 4, "device_tokens": 64})
+    s.store_kv(slots, owner=12)                 # the forward pass writes request 12's KV
+    s.cache.insert(InsertParams(key, slots))    # write_through: backup starts at once
+    s.advance(50.0)                             # 50 us of host time
+    s.cache.check_hicache_events()              # polls the acks (query), frees, unlocks
+    s.bytes_of("kv_buffer", layer=0, units=slots)   # whose bytes each slot holds
+    doc = s.record()                            # the run so far as a format 2 schedule
+
+How the host runs.  The scheduler host is driven by the session itself rather than
+parked in a SimPy process between calls: a host op issued by a call is issued at the
+current simulated instant, and each blocking op (``advance``, ``wait_idle``, a settle's
+``host_sync``) is waited for with ``env.run(until=its event)``, which stops right after
+the event's callbacks ran, the very point where a host program blocked on it resumes.
+NOTE: a process parked on a "next call" event would resume through an extra event that
+the recorded schedule does not contain, so ops issued at one instant could meet other
+same-instant events in another order than in the static re-run; driven this way, the
+recorded schedule (:meth:`record`) re-runs statically (``kvrace schedule run``) to the
+same Snapshot (:meth:`finish` gives the run to compare).
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.bytes.describe import describe
+from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, HiCacheController
+from sim.errors import InputError, KvraceError, check_keys, show
+from sim.executor import Executor, Host, RunResult, TieBreak
+from sim.pools import (
+    DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost, PagedTokenToKVPoolAllocator,
+    TokenToKVPoolAllocator, resolve_layout_io_compatibility,
+)
+from sim.pools.layouts import HOST_LAYOUTS
+from sim.profile import load_profile
+from sim.schedule import ScheduleBuilder
+
+__all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "STREAMS", "HOST"]
+
+#: model families: the device pool classes of ``sim.pools`` a session can build
+MODELS = ("mla", "dsa")
+#: the run's streams: the scheduler's current stream in overlap mode, the forward stream,
+#: the controller's load and write streams
+STREAMS = ("schedule", "forward", "load", "write")
+HOST = "scheduler"
+DSA_PAGE_SIZE = 64
+
+
+class SessionClosed(KvraceError, RuntimeError):
+    """A call on a session whose run has been finished (:meth:`CacheSession.finish`)."""
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """A session's configuration (every key optional; defaults are SGLang's where it has one).
+
+    * ``model``: ``"mla"`` (``MLATokenToKVPool``, latent rows) or ``"dsa"``
+      (``DSATokenToKVPool``: fp8 latent plus the index-K sidecar, page size 64).
+    * ``layers``: layers of the device pool (4); ``page_size`` (1; DSA needs 64);
+      ``device_tokens``: device pool size in tokens (256).
+    * ``hicache_ratio`` (2.0) / ``hicache_size`` (GB per rank, 0: use the ratio): host pool
+      sizing as SGLang's ``HostKVCache``.
+    * ``layout`` (``"page_first"``, SGLang's default), ``io_backend`` (``"kernel"``): resolved
+      as SGLang's server args resolve them (``page_first`` + ``direct`` runs
+      ``page_first_direct``; ``page_first_direct`` + ``kernel`` runs ``direct``).
+    * ``write_policy`` (``"write_through"``), ``load_back_threshold`` (10 tokens).
+    * ``overlap`` (True): the scheduler's current stream is ``schedule`` (overlap mode);
+      False: ``forward`` (the default stream).
+    * ``load_fence`` (False): SGLang PR #36738's fence (load stream waits for ``forward``).
+    * ``write_event_pool``: write-event name pairs declared (64).
+    * MLA geometry: ``kv_lora_rank`` (512), ``qk_rope_head_dim`` (64), ``itemsize`` (2).
+    * ``profile`` (``"h200"``), ``seed`` (0), ``ties`` (``"fifo"``), ``materialise`` (True:
+      real bytes too when they fit).
+    """
+
+    model: str = "mla"
+    layers: int = 4
+    page_size: int = 1
+    device_tokens: int = 256
+    hicache_ratio: float = 2.0
+    hicache_size: float = 0.0
+    layout: str = "page_first"
+    io_backend: str = "kernel"
+    write_policy: str = "write_through"
+    load_back_threshold: int = 10
+    overlap: bool = True
+    load_fence: bool = False
+    write_event_pool: int = DEFAULT_WRITE_EVENT_POOL
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    itemsize: int = 2
+    profile: str = "h200"
+    seed: int = 0
+    ties: str = "fifo"
+    materialise: bool = True
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "SessionConfig":
+        d = dict(d or {})
+        check_keys(d, list(cls.__dataclass_fields__), "config")
+        c = cls(**d)
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        def need(cond, key, expected):
+            if not cond:
+                raise InputError(f"config.{key}", f"expected {expected}, got {show(getattr(self, key))}")
+
+        def is_int(v, lo=0):
+            return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+        def is_num(v, lo=0.0):
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo
+
+        need(self.model in MODELS, "model", f"one of {list(MODELS)}")
+        need(is_int(self.layers, 1), "layers", "an integer >= 1")
+        need(is_int(self.page_size, 1), "page_size", "an integer >= 1")
+        need(self.model != "dsa" or self.page_size == DSA_PAGE_SIZE, "page_size",
+             f"{DSA_PAGE_SIZE} for model 'dsa' (SGLang forces it)")
+        need(is_int(self.device_tokens, 1) and self.device_tokens % self.page_size == 0, "device_tokens",
+             f"an integer >= 1 that is a multiple of page_size ({self.page_size})")
+        need(is_num(self.hicache_ratio) and self.hicache_ratio > 0, "hicache_ratio", "a number > 0")
+        need(is_num(self.hicache_size), "hicache_size", "a number >= 0 (GB; 0: use hicache_ratio)")
+        need(self.layout in HOST_LAYOUTS, "layout", f"one of {list(HOST_LAYOUTS)}")
+        need(self.io_backend in ("kernel", "direct"), "io_backend", "'kernel' or 'direct'")
+        need(self.write_policy in ("write_through", "write_through_selective", "write_back"), "write_policy",
+             "one of ['write_through', 'write_through_selective', 'write_back']")
+        need(is_int(self.load_back_threshold), "load_back_threshold", "an integer >= 0")
+        for key in ("overlap", "load_fence", "materialise"):
+            need(isinstance(getattr(self, key), bool), key, "true or false")
+        need(is_int(self.write_event_pool, 1), "write_event_pool", "an integer >= 1")
+        need(is_int(self.kv_lora_rank, 1), "kv_lora_rank", "an integer >= 1")
+        need(is_int(self.qk_rope_head_dim), "qk_rope_head_dim", "an integer >= 0")
+        need(is_int(self.itemsize, 1), "itemsize", "an integer >= 1")
+        need(isinstance(self.profile, str) and self.profile, "profile", "a profile name or a TOML path")
+        need(is_int(self.seed), "seed", "an integer >= 0")
+        need(self.ties in ("fifo", "seeded"), "ties", "'fifo' or 'seeded'")
+
+
+class _Settled:
+    """``session.cache``: the tree, each of whose method calls is followed by the
+    controller's settle (the session advances time until the call's blocking steps have
+    completed).  Attributes that are not methods pass through."""
+
+    def __init__(self, session: "CacheSession", target):
+        object.__setattr__(self, "_session", session)
+        object.__setattr__(self, "_target", target)
+
+    def __getattr__(self, name):
+        value = getattr(self._target, name)
+        if not inspect.ismethod(value):
+            return value
+
+        def call(*args, **kwargs):
+            return self._session.call(value, *args, **kwargs)
+        call.__name__ = name
+        call.__doc__ = value.__doc__
+        return call
+
+    def __setattr__(self, name, value):
+        setattr(self._target, name, value)
+
+    def __repr__(self) -> str:
+        return f"<settled {self._target!r}>"
+
+
+class CacheSession:
+    """The HiCache model driven from plain Python (see the module doc).
+
+    Attributes: ``config`` (the :class:`SessionConfig`, layout and io backend as resolved),
+    ``device_pool``, ``allocator``, ``host_pool``, ``controller``, ``tree`` (the
+    ``HiRadixCache``), ``cache`` (the same tree, each call settled), ``host`` (the scheduler's
+    :class:`~sim.executor.Host`), ``header`` (the run's schedule header)."""
+
+    def __init__(self, config: dict | None = None, **overrides):
+        cfg = SessionConfig.from_dict({**(config or {}), **overrides})
+        layout, io_backend = resolve_layout_io_compatibility(cfg.layout, cfg.io_backend)
+        cfg = SessionConfig(**{**cfg.__dict__, "layout": layout, "io_backend": io_backend})
+        self.config = cfg
+        self.device_pool, self.host_pool = self._pools(cfg)
+        alloc_cls = TokenToKVPoolAllocator if cfg.page_size == 1 else PagedTokenToKVPoolAllocator
+        self.allocator = alloc_cls(cfg.device_tokens, cfg.page_size, self.device_pool)
+        current = "schedule" if cfg.overlap else "forward"
+        self.header = {
+            "kvrace_schedule": 2, "name": "cache_session",
+            "description": f"CacheSession {cfg.model}, {cfg.layers} layers, page {cfg.page_size}, "
+                           f"{cfg.layout}/{cfg.io_backend}, {cfg.write_policy}",
+            "buffers": self.device_pool.buffers() + self.host_pool.buffers(),
+            "streams": list(STREAMS),
+            "events": HiCacheController.event_names(self.device_pool.layer_num,
+                                                    write_event_pool=cfg.write_event_pool,
+                                                    load_fence=cfg.load_fence),
+            "hosts": [HOST],
+        }
+        builder = ScheduleBuilder(self.header, max_ops=None)
+        self._ex = Executor(builder.buffers, builder.streams, load_profile(cfg.profile), builder=builder,
+                            seed=cfg.seed, ties=TieBreak(cfg.ties, seed=cfg.seed), materialise=cfg.materialise)
+        self.env = self._ex.env
+        # NOTE: let the streams' processes start before the host issues anything, as a
+        # static run does (its host program starts after them)
+        start = self.env.event()
+        start.succeed()
+        self.env.run(until=start)
+        self.host = Host(self._ex, HOST)
+        self.controller = HiCacheController(
+            self.allocator, self.host_pool, cfg.page_size, host=self.host, load_stream="load",
+            write_stream="write", current_stream=current, write_policy=cfg.write_policy,
+            io_backend=cfg.io_backend, load_fence_stream="forward" if cfg.load_fence else None,
+            write_event_pool=cfg.write_event_pool)
+        self.tree = self._tree(cfg)
+        self.cache = _Settled(self, self.tree) if self.tree is not None else None
+        self._result: RunResult | None = None
+
+    @staticmethod
+    def _pools(cfg: SessionConfig):
+        if cfg.model == "dsa":
+            dev = DSATokenToKVPool(cfg.device_tokens, cfg.page_size, cfg.layers)
+            return dev, HostPoolGroup.for_dsa(dev, cfg.hicache_ratio, cfg.hicache_size, cfg.layout)
+        dev = MLATokenToKVPool(cfg.device_tokens, cfg.page_size, cfg.layers, kv_lora_rank=cfg.kv_lora_rank,
+                               qk_rope_head_dim=cfg.qk_rope_head_dim, itemsize=cfg.itemsize)
+        return dev, MLATokenToKVPoolHost(dev, cfg.hicache_ratio, cfg.hicache_size, cfg.page_size, cfg.layout)
+
+    def _tree(self, cfg: SessionConfig):
+        from sim.cache.hiradix import HiRadixCache
+        from sim.cache.records import CacheInitParams
+
+        return HiRadixCache(CacheInitParams(page_size=cfg.page_size), self.controller,
+                            load_back_threshold=cfg.load_back_threshold)
+
+    # ---------------------------------------------------------------- time
+    @property
+    def now(self) -> float:
+        """Simulated time (us)."""
+        return self.env.now
+
+    def _open(self) -> None:
+        if self._result is not None:
+            raise SessionClosed("the session's run is finished (finish() was called); start a new CacheSession")
+
+    def _block(self, ev) -> None:
+        """The host blocks on ``ev`` (a pending event of its last op) until it completes."""
+        self.env.run(until=ev)
+
+    def settle(self) -> None:
+        """Complete the controller's pending blocking steps (``controller.settle()``)."""
+        self._open()
+        for ev in self.controller.settle():
+            self._block(ev)
+
+    def call(self, fn, *args, **kwargs):
+        """Run ``fn(*args, **kwargs)`` as the scheduler host, then settle; returns its result.
+        A generator function is driven as a host program: each SimPy event it yields (from
+        ``session.host``'s ``delay``/``synchronize`` or ``controller.settle()``) is waited
+        for, and its return value is the result."""
+        self._open()
+        out = fn(*args, **kwargs)
+        if inspect.isgenerator(out):
+            gen, value = out, None
+            try:
+                while True:
+                    self._block(gen.send(value))
+                    value = None
+            except StopIteration as stop:
+                out = stop.value
+        self.settle()
+        return out
+
+    def advance(self, us: float) -> None:
+        """The scheduler does host work for ``us`` microseconds (a ``host_delay``)."""
+        self._open()
+        self.settle()
+        self._block(self.host.delay(us))
+
+    def wait_idle(self) -> None:
+        """Device synchronize: block until every op issued so far has completed."""
+        self._open()
+        self.settle()
+        self._block(self.host.synchronize())
+
+    # ---------------------------------------------------------------- device work
+    def _kv_buffers(self) -> list[str]:
+        return list(self.device_pool.layouts)
+
+    def store_kv(self, device_indices, owner: int, *, layers=None, version: int = 1, stream: str = "forward",
+                 ) -> list[str]:
+        """The forward pass writes request ``owner``'s KV into ``device_indices``: one
+        ``write`` op per layer (``layers``: default all) and device buffer of the pool, on
+        ``stream``.  A buffer whose unit is a page (DSA index-K) gets each touched page.
+        Returns the op ids."""
+        self._open()
+        self.settle()
+        idx = np.asarray(device_indices, dtype=np.int64).reshape(-1)
+        if idx.size == 0:
+            raise InputError("device_indices", "expected at least one device slot")
+        layers = range(self.device_pool.layer_num) if layers is None else layers
+        ids = []
+        for name, lay in self.device_pool.layouts.items():
+            units = idx if lay.entries_per_page == 1 else np.unique(idx // lay.entries_per_page)
+            for layer in layers:
+                ids.append(self.host.issue({"op": "write", "stream": stream, "buffer": name, "layer": int(layer),
+                                            "units": units.tolist(), "owner": int(owner),
+                                            "version": int(version)}))
+        return ids
+
+    def read(self, buffer: str, layer: int, units, *, stream: str = "forward", gate: int | None = None,
+             id: str | None = None) -> str:
+        """A kernel on ``stream`` reads ``units`` of ``buffer`` at ``layer``; with ``gate`` (a
+        producer slot from ``start_loading``), first ``set_consumer(gate)`` and
+        ``wait_until(layer)`` on ``stream`` (the gated accessor).  Returns the read's op id."""
+        self._open()
+        self.settle()
+        if gate is not None:
+            counter = self.controller.layer_done_counter
+            counter.set_consumer(gate)
+            counter.wait_until(layer - self.device_pool.start_layer, stream)
+        op = {"op": "read", "stream": stream, "buffer": buffer, "layer": int(layer),
+              "units": np.asarray(units, dtype=np.int64).reshape(-1).tolist()}
+        if id is not None:
+            op["id"] = id
+        return self.host.issue(op)
+
+    # ---------------------------------------------------------------- bytes
+    @property
+    def memory(self):
+        """The run's :class:`sim.memory.Memory` now (every copy item landed so far applied;
+        an item still in flight is not shown)."""
+        self._ex._advance(self.env.now)
+        return self._ex.mem
+
+    def bytes_of(self, buffer: str, layer: int, units) -> list[list[dict]]:
+        """Per unit (token row or page) of ``buffer`` at ``layer``: whose bytes it holds
+        now, as :func:`sim.bytes.describe.describe` runs (``origin``: kind, layer, owner =
+        request, version; ``first_unit``/``last_unit``: which of that origin's units)."""
+        mem = self.memory
+        if buffer not in mem.specs:
+            raise InputError("buffer", f"unknown buffer {show(buffer)}; expected one of {show(sorted(mem.specs))}")
+        lay = mem.specs[buffer].layout
+        units = np.asarray(units, dtype=np.int64).reshape(-1)
+        offs = lay.unit_offsets(int(layer), units)
+        return [describe(mem.compact[buffer], int(o), lay.unit_bytes) for o in offs]
+
+    def owners_of(self, buffer: str, layer: int, units) -> list[int | None]:
+        """Per unit: the request (origin owner) whose bytes fill it wholly, or None when it
+        holds bytes of several origins (torn, partly overwritten).  -1: initial contents."""
+        out = []
+        for runs in self.bytes_of(buffer, layer, units):
+            owners = {r["origin"]["owner"] for r in runs if r["origin"] is not None}
+            out.append(owners.pop() if len(runs) == 1 and len(owners) == 1 else None)
+        return out
+
+    # ---------------------------------------------------------------- the record
+    def record(self) -> dict:
+        """The ops issued so far, in issue order, as a format 2 schedule document."""
+        return self._ex.builder.schedule().to_json()
+
+    def finish(self) -> RunResult:
+        """Let every issued op complete (as a static run ends) and return the run; its
+        ``recorded`` document re-runs statically to the same Snapshot.  The session takes
+        no further calls."""
+        if self._result is None:
+            self.settle()
+            self.env.run()
+            ex = self._ex
+            s = ex.builder.finish().schedule()
+            self._result = RunResult(schedule=s, profile=ex.p, memory=ex.mem, reads=ex.reads, timings=ex.timings,
+                                     tie_orders=ex.tie_orders, oob=ex.oob, end_us=self.env.now,
+                                     item_end_us=ex.item_end_us, access_us=ex.access_us,
+                                     access_seq=ex.access_seq, torn=ex.torn, unbound=list(s.unbound))
+        return self._result
+
+    def snapshot(self):
+        """The Snapshot of the finished run (:meth:`finish`)."""
+        from sim.snapshot import snapshot_of
+
+        return snapshot_of(self.finish())
