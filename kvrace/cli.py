@@ -17,6 +17,8 @@ import sys
 from sim.errors import InputError
 from sim.report_io import check_output_path, emit, write_json  # noqa: F401  (emit: re-exported)
 
+from kvrace.sweep_cli import add_parsers, add_trace_option, check_trace_option, write_run_trace
+
 EXIT_OK, EXIT_FOUND, EXIT_INPUT, EXIT_NO_GPU = 0, 1, 2, 3
 EXIT_BROKEN_PIPE = 141          # 128 + SIGPIPE, what a shell reports for `yes | head -1`
 
@@ -147,6 +149,7 @@ def _schedule_run(args) -> int:
         raise InputError("--json - --snapshot -", "only one of them can go to stdout; give the other a file path")
     check_output_path(args.json, "--json")
     check_output_path(args.snapshot, "--snapshot")
+    check_trace_option(args)
     if args.json and args.snapshot and args.json != "-" and \
             os.path.realpath(args.json) == os.path.realpath(args.snapshot):
         raise InputError("--json/--snapshot", f"both name {args.json!r}; the snapshot would overwrite the "
@@ -167,6 +170,7 @@ def _schedule_run(args) -> int:
     run = run_schedule(s, profile, seed=args.seed, ties=TieBreak(ties or "fifo", seed=args.seed, first=tuple(first)),
                        torn=not args.item_atomic, materialise=not args.compact_only)
     rep = analyse(run)
+    write_run_trace(args, run, rep)
     if args.snapshot:
         from sim.snapshot import snapshot_of
 
@@ -273,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="items land whole (no torn items): the view a controlled GPU replay can force")
     r.add_argument("--compact-only", action="store_true",
                    help="keep provenance only, no materialised bytes (for large schedules)")
+    add_trace_option(r)
     r.set_defaults(func=_schedule_run)
 
     rp = sub.add_parser("replay", help="replay a schedule on a GPU and compare with the simulator (needs torch + CUDA)",
@@ -300,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profiles", help="list the shipped hardware profiles", epilog=EXIT_CODES, formatter_class=fmt)
     prof.add_argument("--json", metavar="PATH", help="write every profile's parameters as JSON to PATH ('-' for stdout only)")
     prof.set_defaults(func=_profiles)
+    add_parsers(sub, EXIT_CODES)
     return p
 
 
