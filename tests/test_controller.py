@@ -322,12 +322,15 @@ def test_synchronize_of_an_unfinished_event_needs_settle_and_blocks_in_simulated
         ctl.start_loading()
         ctl.ack_load_queue[0].finish_event.synchronize()
         assert not ctl.settled
+        n = n_issued(h)
         for call in (ctl.start_loading, lambda: ctl.ack_load_queue[0].finish_event.query(),
-                     lambda: ctl.write(np.array([3])), lambda: ctl.layer_done_counter.events[0].wait(0, "forward")):
+                     lambda: ctl.layer_done_counter.events[0].wait(0, "forward")):
             ctl.load(np.array([5]))
             with pytest.raises(SettleRequired, match="settle"):
                 call()
             ctl.load_queue.clear()
+        got["host"] = ctl.write(np.array([3]))            # slots now; its ops after the block
+        assert n_issued(h) == n
         t0 = h.now
         yield from ctl.settle()
         got["t0"], got["t1"] = t0, h.now
@@ -338,6 +341,10 @@ def test_synchronize_of_an_unfinished_event_needs_settle_and_blocks_in_simulated
     assert [d["event"] for d in syncs] == ["hicache.load0.L1"]
     assert got["t1"] == pytest.approx(run.timings["hicache.load0.L1.done"][1])
     assert got["t1"] > got["t0"]
+    assert got["host"].tolist() == [0]
+    kinds = [d["op"] for d in ops_of(run)]
+    assert kinds[kinds.index("host_sync"):] == ["host_sync", "record", "wait", "copy", "record"]
+    assert run.timings["hicache.write0.start"][0] == pytest.approx(got["t1"])
     rerun_same(run)
 
 

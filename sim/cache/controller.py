@@ -35,13 +35,17 @@ index tensor (``device_indices.cpu()`` in ``move_indices`` for the direct backen
 the scheduler thread.  Plain Python code cannot block a SimPy process, so the
 controller queues the blocking step and the host program must ``yield from
 controller.settle()`` before it issues anything else.  Until then the controller
-refuses every call that would issue an op or read the device's state
-(:class:`SettleRequired`).  NOTE: this is equivalent to SGLang's blocking call: the
-thread stops at the call and issues nothing before it returns; here nothing is issued
-between the request and ``settle()``, which issues the blocking op, waits for it in
-simulated time, then issues whatever SGLang issues after it (e.g. the rest of
-``start_loading``), in the same order.  Host-side bookkeeping done in between
-(allocating, freeing, tree updates) does not depend on time, so it may run early.
+issues nothing: a call whose result depends on the device's state (``query()``,
+``start_loading()``'s producer check) or that issues on the caller's behalf
+(``record``/``wait``, ``wait_until``) is refused (:class:`SettleRequired`); the ops of a
+``write()``/``start_writing()`` and further ``synchronize()`` calls are queued behind the
+pending step.  NOTE: this is equivalent to SGLang's blocking call: the thread stops at
+the call and issues nothing before it returns; here nothing is issued between the
+request and ``settle()``, which issues the blocking op, waits for it in simulated time,
+then issues whatever SGLang issues after it (the rest of ``start_loading``, a later
+backup), in the same order.  Host-side bookkeeping done in between (allocating host or
+device slots, freeing, tree updates) does not depend on time, so running it early
+changes nothing.
 A ``synchronize()`` of an event whose record has already completed (or was never
 recorded: a CUDA no-op) cannot block; it is recorded as a positive ``host_query`` (the
 same happens-before edge; a GPU replay turns it into a ``host_sync``) and needs no
@@ -436,8 +440,9 @@ class HiCacheController:
 
     def write(self, device_indices, priority: int | None = None, node_id: int = -1):
         """Back up device slots: allocate host slots (None when the host pool cannot),
-        queue, and start writing at once.  Returns the host indices."""
-        self._require_settled("write()")
+        queue, and start writing at once.  Returns the host indices.  While a blocking
+        call is pending, the backup's ops are issued by ``settle()`` after it (SGLang's
+        thread would reach this call only after the block)."""
         device_indices = np.asarray(device_indices, dtype=np.int64)
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         if host_indices is None:
@@ -490,7 +495,6 @@ class HiCacheController:
         stream, wait on the write stream, the all-layer backup ops, the finish event."""
         if not self.write_queue:
             return
-        self._require_settled("start_writing()")
         op = CacheOperation.merge_ops(self.write_queue, self._new_id)
         if self.io_backend == "kernel" and self.mem_pool_host.layout == "page_first" \
                 and getattr(self.mem_pool_host, "can_use_write_back_jit", False):
@@ -520,7 +524,10 @@ class HiCacheController:
 
     def _take_write_pair(self) -> int:
         if not self._write_free:
+            # NOTE: a pair is in use while an ack in the queue refers to it, and while a
+            # synchronize of it waits for settle() (it binds to the record when issued)
             in_use = {ack.finish_event.name for ack in self.ack_write_queue}
+            in_use |= {step.event for step in self._pending if isinstance(step, _Sync) and step.event}
             keep = []
             for k in self._write_out:
                 (self._write_free if self._write_names_of(self.name, k)[1] not in in_use else keep).append(k)
