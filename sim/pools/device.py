@@ -18,9 +18,10 @@ import numbers
 from typing import Any
 
 from sim.errors import InputError, show
+from sim.pools import layouts as _layouts
 from sim.pools.layouts import (
-    DSA_PAGE_SIZE, INDEX_HEAD_DIM, INDEX_SCALE_BYTES, Layout, PagedLayout,
-    bf16_index_k, dsa_index_k, layout_to_json, token_rows,
+    DSA_PAGE_SIZE, INDEX_HEAD_DIM, INDEX_SCALE_BYTES, Layout, PagedLayout, dsa_index_k, layout_to_json,
+    token_rows,
 )
 
 __all__ = [
@@ -138,7 +139,7 @@ class DSATokenToKVPool(MLATokenToKVPool):
         self.index_buf_size = self.size if index_buf_size is None else _int(index_buf_size, "index_buf_size")
         self.bf16_index_k = bool(bf16_index_k)
         if self.bf16_index_k:
-            self.index_k_layout = bf16_index_k(self.layer_num, self.size + self.page_size)
+            self.index_k_layout = _layouts.bf16_index_k(self.layer_num, self.size + self.page_size)
             self.index_k_buffer = self._add("index_k_buffer", "index_k", self.index_k_layout)
         else:
             self.index_page_num = (self.index_buf_size + self.page_size + 1) // self.page_size
