@@ -212,3 +212,102 @@ def test_a_finished_session_takes_no_more_calls():
         s.advance(1.0)
     with pytest.raises(SessionClosed):
         s.cache.check_hicache_events()
+
+
+# ---------------------------------------------------------------- property: any operation sequence
+
+from hypothesis import HealthCheck, given, settings          # noqa: E402
+from hypothesis import strategies as st                      # noqa: E402
+
+from sim.cache.controller import ProducerSlotBusy            # noqa: E402
+
+#: token sequences share prefixes (matches, splits, load-backs of partial paths)
+_KEYS = [np.arange(0, 24), np.arange(0, 12), np.r_[np.arange(0, 8), np.arange(50, 62)], np.arange(100, 116),
+         np.arange(200, 212), np.arange(300, 312)]
+_prefill = st.tuples(st.just("prefill"), st.integers(0, len(_KEYS) - 1), st.integers(1, 99))
+_load_back = st.tuples(st.just("load_back"), st.integers(0, len(_KEYS) - 1), st.booleans())
+_offload = st.tuples(st.just("offload"),)       # acks processed, then the whole device evicted
+_cycle = st.tuples(st.just("cycle"), st.integers(0, len(_KEYS) - 1), st.integers(1, 99), st.booleans())
+_step = st.one_of(
+    _prefill, _cycle, _load_back, _load_back, _offload,
+    st.tuples(st.just("advance"), st.sampled_from([0.5, 2.0, 10.0, 40.0])),
+    st.tuples(st.just("check"),),
+    st.tuples(st.just("evict"), st.sampled_from([4, 12, 32])),
+    st.tuples(st.just("evict_host"), st.sampled_from([8, 24])),
+    st.tuples(st.just("wait_idle"),),
+)
+
+
+def _drive(s: CacheSession, steps) -> None:
+    dev = s.device_pool.kv_buffer
+    for step in steps:
+        kind = step[0]
+        if kind == "cycle":          # a prefill, its offload, and a load-back of the same key
+            _drive(s, [("prefill",) + step[1:3], ("offload",), ("load_back", step[1], step[3])])
+        elif kind == "prefill":
+            key = RadixKey(_KEYS[step[1]])
+            slots = s.allocator.alloc(len(key))
+            if slots is None:
+                s.cache.evict(EvictParams(len(key)))
+                slots = s.allocator.alloc(len(key))
+            if slots is None:
+                continue
+            s.store_kv(slots, owner=step[2])
+            r = s.cache.insert(InsertParams(key, slots))
+            s.allocator.free(slots[:r.prefix_len])               # the caller's duplicates
+        elif kind == "offload":
+            s.wait_idle()
+            s.cache.check_hicache_events()
+            s.cache.evict(EvictParams(s.config.device_tokens))
+        elif kind == "advance":
+            s.advance(step[1])
+        elif kind == "check":
+            s.cache.check_hicache_events()
+        elif kind == "evict":
+            s.cache.evict(EvictParams(step[1]))
+        elif kind == "evict_host":
+            s.cache.evict_host(step[1])
+        elif kind == "load_back":
+            m = s.cache.match_prefix(MatchPrefixParams(RadixKey(_KEYS[step[1]])))
+            if m.host_hit_length == 0:
+                continue
+            s.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
+            try:
+                pid = s.cache.ready_to_load_host_cache()
+            except ProducerSlotBusy:
+                continue                                       # SGLang's assert: a real outcome
+            if pid >= 0 and step[2]:
+                node = m.best_match_node
+                s.read(dev, s.device_pool.layer_num - 1, node.value, gate=pid)
+        else:
+            s.wait_idle()
+
+
+def _session_reruns(config, steps) -> None:
+    s = CacheSession({**SMALL, "device_tokens": 64, **config})
+    _drive(s, steps)
+    run = s.finish()
+    same_snapshot(snapshot_of(run), snapshot_of(rerun(s.record(), s.config.profile)))
+    for r in analyse(run)["reads"]:
+        assert r["status"] == "ok"                    # every read was gated on its layer event
+
+
+_configs = st.fixed_dictionaries({
+    "layout": st.sampled_from(["layer_first", "page_first", "page_first_direct"]),
+    "io_backend": st.sampled_from(["kernel", "direct"]),
+    "write_policy": st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+    "overlap": st.booleans(),
+})
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_configs, st.lists(_step, min_size=1, max_size=14))
+def test_any_cache_operation_sequence_reruns_from_its_record_to_the_same_snapshot(config, steps):
+    _session_reruns(config, steps)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_configs, st.lists(_step, max_size=40))
+def test_any_cache_operation_sequence_reruns_from_its_record_deep(config, steps):
+    _session_reruns(config, steps)
