@@ -35,8 +35,20 @@ _SCHEMA = {
 #     from an exponential distribution of this mean by the run's seeded generator: the launch
 #     skew between streams that a GPU shows (kernel starts measured 9-23 us after a gate on an
 #     H200; heavy-tailed, so a kernel queued behind k others can still start first).
+#   compute.* (the roofline cost model of sim.engine.cost; 0 means "not given", and the cost
+#     model refuses a profile that lacks one it needs, naming the key):
+#     peak_bf16_tflops, peak_fp8_tflops: dense tensor-core peaks (1e12 FLOP/s, datasheets);
+#     mem_gbps: device memory bandwidth for kernel reads (datasheet; not hbm_gbps, which counts
+#       a device-to-device copy's read + write); flops_efficiency, mem_efficiency: the fraction
+#       of those peaks a kernel reaches (0 < x <= 1); op_launch_us: per-kernel launch overhead;
+#     roofline_jitter_frac: sigma of the cost model's own multiplicative jitter, keyed by
+#       (seed, op) so a forward's per-layer durations sum to its one-step duration.
 _OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent"))},
-             "device": {"launch_jitter_us": (0.0, None)}}
+             "device": {"launch_jitter_us": (0.0, None)},
+             "compute": {"peak_bf16_tflops": (0.0, None), "peak_fp8_tflops": (0.0, None),
+                         "mem_gbps": (0.0, None), "flops_efficiency": (0.0, None),
+                         "mem_efficiency": (0.0, None), "op_launch_us": (0.0, None),
+                         "roofline_jitter_frac": (0.0, None)}}
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,13 @@ class Profile:
     jitter_frac: float
     link_sharing: str = "fifo"
     launch_jitter_us: float = 0.0
+    peak_bf16_tflops: float = 0.0
+    peak_fp8_tflops: float = 0.0
+    mem_gbps: float = 0.0
+    flops_efficiency: float = 0.0
+    mem_efficiency: float = 0.0
+    op_launch_us: float = 0.0
+    roofline_jitter_frac: float = 0.0
 
     @property
     def resident_warps(self) -> int:

@@ -1,0 +1,173 @@
+"""Roofline cost model: how long one compute op of a forward pass takes on a GPU.
+
+An op's cost is its :class:`OpCost`: FLOPs, bytes of weights it streams, bytes
+of KV it reads, the tensor dtype of its math, and its kernel launches.  Its
+duration is the roofline bound plus launch overhead::
+
+    duration_us = launches * op_launch_us
+                  + max(flops / (peak(dtype) * flops_efficiency),
+                        (weight_bytes + kv_bytes) / (mem_gbps * mem_efficiency))
+
+times a seeded jitter factor ``max(0, 1 + roofline_jitter_frac * z)`` where
+``z`` is a standard normal drawn from a counter-based hash of ``(seed, key)``
+(``key`` names the op: forward, layer, step).  Keyed jitter, not a sequential
+generator, so a forward's per-layer durations are the same numbers whether
+they are issued one op per step or summed into one op (the one-step mode of
+:mod:`sim.engine.forward`).
+
+Parameters come from the hardware profile's optional ``[compute]`` terms
+(``sim/profile.py``; values and their sources in ``sim/profiles/*.toml``):
+``peak_bf16_tflops`` / ``peak_fp8_tflops`` (datasheet dense tensor peaks: H200
+989 / 1,979 TFLOPS; RTX PRO 6000 Blackwell 500 / 1,000, derived from its
+4,000 AI TOPS FP4-sparse figure), ``mem_gbps`` (datasheet memory bandwidth:
+H200 4,800 GB/s, RTX PRO 6000 1,792 GB/s), ``flops_efficiency`` /
+``mem_efficiency`` (estimates, uncalibrated), ``op_launch_us`` (the profile's
+kernel launch cost), ``roofline_jitter_frac`` (0 in the shipped profiles:
+the executor already jitters every compute op by ``compute.jitter_frac``).
+
+What each forward op costs (:func:`step_cost`), per GPU of a TP group of
+``tp`` ranks (heads and weights split over ranks; the MLA/DSA latent and the
+index-K are replicated, so every rank reads all of its KV bytes):
+
+* ``indexer``: ``2 * q_tokens * entries * index_heads * index_head_dim``
+  FLOPs (q.k scores over every compressed entry), fp8; the index-K bytes read.
+* ``attention``: ``2 * q_tokens * attended * heads * (qk_head_dim +
+  v_head_dim) / tp`` FLOPs, bf16, with ``attended`` = the sparse budget
+  ``min(index_topk, entries)`` on indexer layers, every compressed entry on C128
+  layers, ``min(window, context)`` for the sliding window; the latent bytes read.
+* ``ffn``: the rest of the layer (projections, shared and routed experts):
+  ``2 * tokens * active_params_per_layer / tp`` FLOPs, fp8, streaming
+  ``active_params_per_layer * weight_bytes_per_param / tp`` weight bytes (a
+  lower bound for large batches, which touch more experts than one token's).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+from sim.engine.models import ModelDims
+from sim.errors import InputError, require
+from sim.profile import Profile
+
+__all__ = ["CostModel", "CostParams", "OpCost", "keyed_normal", "step_cost"]
+
+_MASK = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: a bijective 64-bit mix."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+def keyed_normal(seed: int, key: Iterable[int]) -> float:
+    """A standard normal that is a pure function of ``(seed, key)`` (hash, then Box-Muller)."""
+    h = _mix64(int(seed) & _MASK)
+    for k in key:
+        h = _mix64(h ^ (int(k) & _MASK))
+    a, b = _mix64(h ^ 1), _mix64(h ^ 2)
+    u1 = ((a >> 11) + 1) / float(1 << 53)          # (0, 1]
+    u2 = (b >> 11) / float(1 << 53)
+    return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+@dataclass(frozen=True)
+class CostParams:
+    peak_bf16_tflops: float
+    peak_fp8_tflops: float
+    mem_gbps: float
+    flops_efficiency: float
+    mem_efficiency: float
+    op_launch_us: float
+    jitter_frac: float = 0.0
+
+    @classmethod
+    def from_profile(cls, p: Profile) -> "CostParams":
+        """The profile's ``[compute]`` roofline terms; a missing (0) one is an error naming it."""
+        for key in ("peak_bf16_tflops", "peak_fp8_tflops", "mem_gbps", "flops_efficiency", "mem_efficiency",
+                    "op_launch_us"):
+            v = getattr(p, key)
+            require(v > 0, f"profile {p.name}: compute.{key}",
+                    "the roofline cost model needs this term (> 0); see sim/profiles/h200.toml")
+        for key in ("flops_efficiency", "mem_efficiency"):
+            require(getattr(p, key) <= 1, f"profile {p.name}: compute.{key}",
+                    f"expected a fraction in (0, 1], got {getattr(p, key)}")
+        return cls(p.peak_bf16_tflops, p.peak_fp8_tflops, p.mem_gbps, p.flops_efficiency, p.mem_efficiency,
+                   p.op_launch_us, p.roofline_jitter_frac)
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What one compute op does: FLOPs, weight and KV bytes streamed, math dtype, launches."""
+
+    name: str
+    flops: float
+    weight_bytes: float = 0.0
+    kv_bytes: float = 0.0
+    dtype: str = "bf16"
+    launches: int = 1
+
+
+class CostModel:
+    """Durations of :class:`OpCost` s under one GPU's :class:`CostParams`, with keyed jitter."""
+
+    def __init__(self, params: CostParams, seed: int = 0):
+        self.params = params
+        self.seed = int(seed)
+
+    @classmethod
+    def from_profile(cls, profile: Profile, seed: int = 0) -> "CostModel":
+        return cls(CostParams.from_profile(profile), seed)
+
+    def nominal_us(self, c: OpCost) -> float:
+        """The roofline duration without jitter."""
+        p = self.params
+        if c.dtype == "fp8":
+            peak = p.peak_fp8_tflops
+        elif c.dtype == "bf16":
+            peak = p.peak_bf16_tflops
+        else:
+            raise InputError(f"op {c.name}.dtype", f"expected 'fp8' or 'bf16', got {c.dtype!r}")
+        compute_us = c.flops / (peak * p.flops_efficiency * 1e6)          # TFLOP/s = 1e6 FLOP/us
+        memory_us = (c.weight_bytes + c.kv_bytes) / (p.mem_gbps * p.mem_efficiency * 1e3)   # GB/s = 1e3 B/us
+        return c.launches * p.op_launch_us + max(compute_us, memory_us)
+
+    def duration_us(self, c: OpCost, key: Iterable[int]) -> float:
+        """``nominal_us`` times the keyed jitter factor for ``key``."""
+        d = self.nominal_us(c)
+        if self.params.jitter_frac > 0:
+            d *= max(0.0, 1.0 + self.params.jitter_frac * keyed_normal(self.seed, key))
+        return d
+
+
+def step_cost(kind: str, dims: ModelDims, layer_kind: str, requests, kv_bytes: int, tp: int = 1,
+              tokens_per_entry: int = 1) -> OpCost:
+    """The :class:`OpCost` of compute ``kind`` (``indexer``, ``attention``, ``ffn``) of one
+    layer for ``requests`` (each with ``new_tokens`` query tokens and ``context_tokens``
+    attended), per GPU of ``tp`` ranks; ``tokens_per_entry`` is the layer's compression
+    ratio (1 for uncompressed pools)."""
+    require(tp >= 1, "tp", f"expected >= 1, got {tp}")
+    q_total = sum(r.new_tokens for r in requests)
+    if kind == "indexer":
+        flops = sum(2.0 * r.new_tokens * math.ceil(r.context_tokens / tokens_per_entry)
+                    * dims.index_heads * dims.index_head_dim for r in requests)
+        return OpCost("indexer", flops, 0.0, kv_bytes, "fp8")
+    if kind == "attention":
+        flops = 0.0
+        for r in requests:
+            entries = math.ceil(r.context_tokens / tokens_per_entry)
+            if layer_kind == "swa":
+                attended = min(dims.window, r.context_tokens)
+            elif layer_kind == "c128":
+                attended = entries + min(dims.window, r.context_tokens)
+            else:                       # indexer layers: the top-k budget (plus the window on V4)
+                attended = min(dims.index_topk, entries) + min(dims.window, r.context_tokens)
+            flops += 2.0 * r.new_tokens * attended * dims.heads * (dims.qk_head_dim + dims.v_head_dim) / tp
+        return OpCost("attention", flops, 0.0, kv_bytes, "bf16")
+    if kind == "ffn":
+        return OpCost("ffn", 2.0 * q_total * dims.active_params_per_layer / tp,
+                      dims.active_params_per_layer * dims.weight_bytes_per_param / tp, 0.0, "fp8")
+    raise InputError("compute", f"expected 'indexer', 'attention' or 'ffn', got {kind!r}")

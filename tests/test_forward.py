@@ -1,0 +1,359 @@
+"""The forward model: accessor order, gates, reads, one-step mode and the indexer's top-k.
+
+Facts from SGLang (``reference/sglang_hicache.md`` sections 1.2 and 6-7, the 0.5.10 and 0.5.14
+wheels): a gated accessor makes the current stream wait on that layer's load event only when
+the batch carries a consumer index; decode batches carry -1; in a DSA layer the indexer reads
+index-K before attention waits and reads the latent.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from sim.engine.cost import CostModel
+from sim.engine.forward import (BatchRequest, ForwardBatch, coalesce, copies_in_flight, entry_bytes,
+                                indexer_topk, issue_forward, read_ranges, stand_in_scores, topk_verdict)
+from sim.engine.gates import gate_map
+from sim.engine.models import model, resolve_options
+from sim.errors import InputError
+from sim.executor import run_programs, run_reference
+from sim.pools.layouts import host_mirror, layout_to_json
+from sim.schedule import validate
+from sim.verdicts import analyse
+from tests.helpers import H200, profile
+
+COST = CostModel.from_profile(H200)
+
+
+# ---------------------------------------------------------------- small worlds
+
+def world(model_name: str, pages: int, options=None, roles=None):
+    """Device buffers (role -> (name, layout)) of the model's pools with ``pages`` page rows
+    per layer, their host mirrors (every row owned by request 7, v1), and a schedule header
+    with streams forward/load/schedule and one load event per layer."""
+    fam = model(model_name)
+    pools = fam.pools_for(resolve_options(options))
+    buffers, docs = {}, []
+    for role, spec in pools.items():
+        if roles is not None and role not in roles:
+            continue
+        lay = spec.layout(pages)
+        buffers[role] = (f"dev_{role}", lay)
+        docs.append({"name": f"dev_{role}", "location": "device", "kind": role, "layout": layout_to_json(lay)})
+        host = host_mirror(lay, "layer_first")
+        docs.append({"name": f"host_{role}", "location": "host", "kind": role, "layout": layout_to_json(host),
+                     "init": [{"layers": "all", "indices": {"start": 0, "count": lay.pages}, "owner": 7,
+                               "version": 1, "first_unit": 0}]})
+    events = ["start"] + [f"load_L{i}" for i in range(fam.n_layers)]
+    header = {"kvrace_schedule": 2, "name": "forward", "buffers": docs,
+              "streams": ["forward", "load", "schedule"], "events": events}
+    return fam, pools, buffers, header
+
+
+def events_of(fam):
+    return [f"load_L{i}" for i in range(fam.n_layers)]
+
+
+def issue_load(h, fam, pools, buffers, units):
+    """start_loading: for every layer, every pool's layer-i copy of page rows ``units`` (host
+    unit u -> device unit u), then record load_L{i}; on the load stream, after 'start'."""
+    h.issue({"op": "record", "stream": "schedule", "event": "start"})
+    h.issue({"op": "wait", "stream": "load", "event": "start"})
+    u = [int(x) for x in units]
+    for layer in range(fam.n_layers):
+        for role, (name, lay) in buffers.items():
+            if layer in pools[role].layers:
+                h.issue({"op": "copy", "stream": "load", "routine": "kernel_per_layer", "src": f"host_{role}",
+                         "dst": name, "id": f"load.{role}.L{layer}",
+                         "args": {"layer": pools[role].pool_layer(layer), "src_indices": u, "dst_indices": u}})
+        h.issue({"op": "record", "stream": "load", "event": f"load_L{layer}"})
+
+
+def make_batch(buffers, mode, consumer, pages, rid=7):
+    """One request reading every entry of page rows ``pages`` of each pool."""
+    slots, ctx = {}, 1
+    for role, (_, lay) in buffers.items():
+        e = (np.asarray(pages, np.int64)[:, None] * lay.entries_per_page
+             + np.arange(lay.entries_per_page)[None, :]).ravel()
+        slots[role] = e
+        ctx = max(ctx, int(e.size))
+    return ForwardBatch(mode, (BatchRequest(rid, slots, ctx if mode == "extend" else 1, ctx),), consumer)
+
+
+def run_forward(model_name, gm, mode, consumer, *, pages=4, load=True, sync_first=False, one_step=False,
+                options=None, roles=None, prof=None):
+    fam, pools, buffers, header = world(model_name, pages, options, roles)
+    b = make_batch(buffers, mode, consumer, range(pages))
+    out = {}
+
+    def program(h):
+        if load:
+            issue_load(h, fam, pools, buffers, range(pages))
+        if sync_first:
+            yield h.synchronize()
+            out["in_flight"] = copies_in_flight(h, [n for n, _ in buffers.values()])
+        out["issue"] = issue_forward(h, "forward", b, model=fam, gate_map=gate_map(gm), buffers=buffers,
+                                     cost=COST, layer_events=events_of(fam), options=options, one_step=one_step)
+        yield h.synchronize()
+
+    run = run_programs(header, {"host": program}, prof or profile())
+    return run, out["issue"], buffers, out
+
+
+def position(issue, kind, layer, contains=""):
+    for k, (kd, op_id, ly) in enumerate(issue.ops):
+        if kd == kind and ly == layer and contains in op_id:
+            return k
+    return None
+
+
+# ---------------------------------------------------------------- order and gates
+
+def test_dsa_extend_ungated_map_reads_index_k_before_the_layer_wait():
+    # 0.5.10, CUDA ragged path, fallback store: the top-k read is the layer's first access
+    _, issue, _, _ = run_forward("dsa-v3.2", "upstream-0.5.10", "extend", 0, load=False)
+    for layer in range(61):
+        r_ik = position(issue, "read", layer, "_get_topk_ragged.index_k")
+        w = position(issue, "wait", layer)
+        r_lat = position(issue, "read", layer, "forward_extend.latent")
+        assert r_ik is not None and w is not None and r_lat is not None
+        assert r_ik < w < r_lat
+
+
+def test_dsa_extend_gated_map_waits_before_every_read():
+    _, issue, _, _ = run_forward("dsa-v3.2", "upstream-0.5.11", "extend", 0, load=False)
+    for layer in range(61):
+        w = position(issue, "wait", layer)
+        assert w is not None
+        assert all(position(issue, "read", layer, c) > w for c in ("index_k", "latent"))
+    assert all(r.waited for r in issue.reads)
+
+
+def test_fused_store_gate_precedes_the_ungated_topk_read_in_0510():
+    # nsa_indexer.py: the fused JIT store fetches the buffer through the gated getter first
+    _, issue, _, _ = run_forward("dsa-v3.2", "upstream-0.5.10", "extend", 0, load=False,
+                                 options={"index_k_store": "fused"})
+    for layer in (0, 30, 60):
+        assert position(issue, "wait", layer) < position(issue, "read", layer, "index_k")
+
+
+@pytest.mark.parametrize("gm", ["upstream-0.5.10", "upstream-0.5.11"])
+def test_decode_batches_issue_no_waits(gm):
+    _, issue, _, _ = run_forward("dsa-v3.2", gm, "decode", -1, load=False)
+    assert not [o for o in issue.ops if o[0] == "wait"]
+    readers = {r.reader for r in issue.reads}
+    assert readers == {"_get_topk_paged", "forward_decode"}
+
+
+def test_extend_without_a_load_issues_no_waits():
+    _, issue, _, _ = run_forward("deepseek-v4-flash", "upstream-0.5.11", "extend", -1, load=False)
+    assert not [o for o in issue.ops if o[0] == "wait"]
+
+
+def test_v4_flash_layer_reads_in_model_order():
+    _, issue, _, _ = run_forward("deepseek-v4-flash", "upstream-0.5.11", "extend", 0, load=False)
+    fam = model("deepseek-v4-flash")
+    for layer, kind in enumerate(fam.layer_kinds):
+        roles = [r.role for r in issue.reads if r.layer == layer]
+        expected = {"swa": ["swa"], "c4": ["index_k", "swa", "c4"], "c128": ["swa", "c128"]}[kind]
+        assert roles == expected, (layer, kind)
+        assert position(issue, "wait", layer) < min(k for k, o in enumerate(issue.ops)
+                                                   if o[0] == "read" and o[2] == layer)
+
+
+def test_v4_bf16_index_k_uses_the_fork_reader_and_its_gate():
+    opts = {"index_k_dtype": "bf16"}
+    _, issue, buffers, _ = run_forward("deepseek-v4-flash", "incident-fork", "extend", 0, load=False,
+                                       options=opts)
+    assert buffers["index_k"][1].page_bytes == 256
+    ik = [r for r in issue.reads if r.role == "index_k"]
+    assert ik and {r.reader for r in ik} == {"forward_c4_indexer_bf16"} and all(r.waited for r in ik)
+    ungated = gate_map("incident-fork").override({"get_index_k_bf16_buffer": False})
+    fam, _, buffers, header = world("deepseek-v4-flash", 4, opts)
+    b = make_batch(buffers, "extend", 0, range(4))
+
+    def program(h):
+        issue = issue_forward(h, "forward", b, model=fam, gate_map=ungated, buffers=buffers, cost=COST,
+                              layer_events=events_of(fam), options=opts)
+        # NOTE: 0.5.14's order: forward_indexer_compressor fetches the indexer's compress state
+        # through the gated get_indexer_compress_states before the index-K read, on the same
+        # stream, so ungating only the index-K getter leaves the layer's wait in front of it
+        for r in issue.reads:
+            if r.role == "index_k":
+                assert position(issue, "wait", r.layer) < position(issue, "read", r.layer, "index_k")
+        yield h.delay(0)
+    run_programs(header, {"host": program}, profile())
+
+
+def test_upstream_map_refuses_the_fork_only_accessor():
+    with pytest.raises(InputError, match="get_index_k_bf16_buffer"):
+        run_forward("deepseek-v4-flash", "upstream-0.5.11", "extend", 0, load=False,
+                    options={"index_k_dtype": "bf16"})
+
+
+def test_consumer_without_layer_events_is_refused():
+    fam, _, buffers, header = world("dsa-v3.2", 2)
+    b = make_batch(buffers, "extend", 0, range(2))
+
+    def program(h):
+        issue_forward(h, "forward", b, model=fam, gate_map=gate_map("upstream-0.5.11"), buffers=buffers,
+                      cost=COST, layer_events=None)
+        yield h.delay(0)
+    with pytest.raises(InputError, match="layer_events"):
+        run_programs(header, {"host": program}, profile())
+
+
+def test_reads_cover_exactly_the_field_bytes_of_the_slots():
+    fam = model("deepseek-v4-flash")
+    lay = fam.pools["c4"].layout(8)
+    starts, lens = read_ranges(lay, 3, np.array([64 * 2 + 5, 64 * 2 + 6]))
+    # two adjacent entries: their values touch (one extent), their scales touch (another)
+    assert lens.tolist() == [2 * 576, 2 * 8]
+    assert starts[0] == 3 * lay.layer_bytes + 2 * lay.page_bytes + 5 * 576
+    # a whole index-K page has no padding: consecutive pages coalesce into one range
+    ik = fam.pools["index_k"].layout(8)
+    s2, l2 = read_ranges(ik, 0, np.arange(64 * 2, 64 * 5))
+    assert l2.tolist() == [3 * 8448]
+
+
+@given(st.lists(st.tuples(st.integers(0, 500), st.integers(1, 40)), min_size=1, max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_coalesce_keeps_exactly_the_covered_bytes(ext):
+    o = np.array([e[0] for e in ext]); n = np.array([e[1] for e in ext])
+    s, l = coalesce(o, n)
+    covered = np.zeros(600, bool)
+    for a, b in ext:
+        covered[a:a + b] = True
+    got = np.zeros(600, bool)
+    for a, b in zip(s, l):
+        assert not got[a:a + b].any()
+        got[a:a + b] = True
+    assert (got == covered).all()
+    assert (s[1:] > (s + l)[:-1]).all()           # sorted, and touching extents are joined
+
+
+# ---------------------------------------------------------------- races end to end
+
+def _index_k_races(run):
+    rep = analyse(run)
+    by = {}
+    for race in rep["latent_races"]:
+        ops = race["ops"] if "ops" in race else None
+        by.setdefault(race["buffer"], []).append(race)
+    return rep, by
+
+
+def test_0510_map_races_index_k_with_the_load_and_0511_does_not():
+    run10, _, _, _ = run_forward("dsa-v3.2", "upstream-0.5.10", "extend", 0)
+    rep10, by10 = _index_k_races(run10)
+    run11, _, _, _ = run_forward("dsa-v3.2", "upstream-0.5.11", "extend", 0)
+    rep11, by11 = _index_k_races(run11)
+    assert len(by10.get("dev_index_k", [])) == 61        # one per layer: the load copy vs the top-k read
+    assert "dev_latent" not in by10                      # the latent reader waits
+    assert rep11["latent_races_total"] == 0
+
+
+def test_0510_race_manifests_on_the_first_layer_and_the_topk_tells_it():
+    run, issue, buffers, _ = run_forward("dsa-v3.2", "upstream-0.5.10", "extend", 0)
+    rep = analyse(run)
+    status = {r["op"] if "op" in r else r["id"]: r["status"] for r in rep["reads"]}
+    first = issue.reads[0]
+    assert first.role == "index_k" and first.layer == 0
+    assert status[first.op_id] in ("stale", "torn")
+    # right bytes: the happens-before-order execution
+    ref = run_reference(run.schedule)
+    seen = next(r for r in run.reads if r.op_id == first.op_id).bytes()
+    right = next(r for r in ref.reads if r.op_id == first.op_id).bytes()
+    lay = buffers["index_k"][1]
+    ent = first.entries[7]
+    ks, kr = (entry_bytes(x, first, lay, ent, field_name="key") for x in (seen, right))
+    v = topk_verdict(ks, kr, k=32)
+    assert v.differing == ent.size and v.changed
+
+
+# ---------------------------------------------------------------- one step
+
+def _by_role(issue, run):
+    got = {r.op_id: r.bytes() for r in run.reads}
+    out = {}
+    for info in issue.reads:
+        out.setdefault(info.role, []).append(got[info.op_id])
+    return {k: np.concatenate(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("model_name,mode", [("dsa-v3.2", "decode"), ("deepseek-v4-flash", "decode"),
+                                             ("deepseek-v4-flash", "extend")])
+def test_one_step_equals_per_layer(model_name, mode):
+    runs = {}
+    for one in (False, True):
+        run, issue, _, out = run_forward(model_name, "upstream-0.5.11", mode, -1, sync_first=True,
+                                         one_step=one, prof=profile(jitter_frac=0.0))
+        assert out["in_flight"] == []
+        runs[one] = (run, issue, analyse(run))
+    (r0, i0, a0), (r1, i1, a1) = runs[False], runs[True]
+    b0, b1 = _by_role(i0, r0), _by_role(i1, r1)
+    assert b0.keys() == b1.keys()
+    for role in b0:
+        assert np.array_equal(b0[role], b1[role]), role
+    assert r0.memory.digest if hasattr(r0.memory, "digest") else True
+    for name in r0.schedule.buffers:
+        assert r0.memory.digest(name) == r1.memory.digest(name)
+    for key in ("stale_reads", "torn_reads", "latent_races_total", "oob_writes"):
+        assert a0[key] == a1[key] == (0 if key != "oob_writes" else a0[key])
+    assert i1.compute_us == pytest.approx(i0.compute_us, rel=1e-12)
+    assert r1.end_us == pytest.approx(r0.end_us, rel=1e-9)
+    assert len(i1.ops) < len(i0.ops) / 10
+
+
+def test_one_step_is_refused_for_a_batch_that_waits():
+    with pytest.raises(InputError, match="one_step"):
+        run_forward("dsa-v3.2", "upstream-0.5.11", "extend", 0, load=False, one_step=True)
+
+
+def test_copies_in_flight_sees_the_load_until_it_lands():
+    fam, pools, buffers, header = world("dsa-v3.2", 2)
+    seen = {}
+
+    def program(h):
+        issue_load(h, fam, pools, buffers, range(2))
+        seen["during"] = copies_in_flight(h, ["dev_index_k"])
+        seen["other"] = copies_in_flight(h, ["no_such_buffer"])
+        yield h.synchronize()
+        seen["after"] = copies_in_flight(h, ["dev_index_k", "dev_latent"])
+    run_programs(header, {"host": program}, profile())
+    assert len(seen["during"]) == 61 and all(".index_k." in c for c in seen["during"])
+    assert seen["other"] == [] and seen["after"] == []
+
+
+# ---------------------------------------------------------------- top-k
+
+def test_stand_in_scores_depend_only_on_the_bytes_and_the_query():
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 256, (16, 128), dtype=np.uint8)
+    assert np.array_equal(stand_in_scores(keys, 3), stand_in_scores(keys.copy(), 3))
+    assert not np.array_equal(stand_in_scores(keys, 3), stand_in_scores(keys, 4))
+    k2 = keys.copy(); k2[5, 0] ^= 1
+    s1, s2 = stand_in_scores(keys, 3), stand_in_scores(k2, 3)
+    assert s1[5] != s2[5] and np.array_equal(np.delete(s1, 5), np.delete(s2, 5))
+
+
+def test_topk_tells_a_selection_changing_stale_read_from_a_harmless_one():
+    rng = np.random.default_rng(2)
+    right = rng.integers(0, 256, (32, 128), dtype=np.uint8)
+    k = 8
+    sel = indexer_topk(right, k)
+    outside = next(i for i in range(32) if i not in sel)
+    harmless = changing = None
+    for trial in range(200):                   # stale bytes: another owner's pattern row
+        seen = right.copy()
+        seen[outside] = rng.integers(0, 256, 128, dtype=np.uint8)
+        v = topk_verdict(seen, right, k)
+        assert v.differing == 1 and v.right.tolist() == sel.tolist()
+        if v.changed and changing is None:
+            changing = v
+        if not v.changed and harmless is None:
+            harmless = v
+    assert harmless is not None and changing is not None
+    assert changing.selected_differing == 1 and harmless.selected_differing == 0
+    assert not topk_verdict(right, right, k).changed
