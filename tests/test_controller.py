@@ -513,3 +513,28 @@ def test_merge_ops_keeps_a_single_op_and_merges_several_with_min_priority():
     m = CacheOperation.merge_ops([a, b, c], lambda: next(ids))
     assert m.host_indices.tolist() == [1, 3, 4, 9] and m.device_indices.tolist() == [2, 5, 6, 10]
     assert m.node_ids == [7, 8, 9] and m.priority == 0 and m.id == 100
+
+
+def test_direct_backend_writes_in_one_call_each_block_then_issue_in_call_order():
+    # a tree's insert may back up several nodes in one call: under the direct backend each
+    # write's index D2H blocks before its ops, so the record reads block, ops, block, ops
+    s = Setup(layers=1, io_backend="direct")
+
+    def body(h, ctl):
+        h.issue({"id": "busy", "op": "compute", "stream": "schedule", "duration_us": 20.0})
+        a = ctl.write(np.array([4, 2]), node_id=1)
+        b = ctl.write(np.array([6]), node_id=2)
+        assert (a.tolist(), b.tolist()) == ([0, 1], [2])     # host slots at call time, in call order
+        assert n_issued(h) == 1
+        yield from ctl.settle()
+
+    run = s.run(body)
+    seq = [(d["op"], d.get("stream"), d.get("event")) for d in ops_of(run)][1:]
+    write0 = [("record", "schedule", "hicache.write0.start"), ("wait", "write", "hicache.write0.start"),
+              ("copy", "write", None), ("record", "write", "hicache.write0.finish")]
+    write1 = [(k, st, e and e.replace("write0", "write1")) for k, st, e in write0]
+    assert seq == [("host_sync", "schedule", None)] + write0 + [("host_sync", "schedule", None)] + write1
+    c0 = ops_of(run, "copy")[0]
+    # direct + layer_first: host indices sorted, device indices permuted (already in order here)
+    assert (c0["args"]["src_indices"], c0["args"]["dst_indices"]) == ([4, 2], [0, 1])
+    rerun_same(run)

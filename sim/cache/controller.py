@@ -158,6 +158,8 @@ class LayerLoadingEvent:
 
     def wait(self, layer_index: int, stream: str | None = None) -> None:
         """``current_stream().wait_event(load_events[layer_index])``: a GPU-side wait."""
+        if not 0 <= layer_index < self._num_layers:
+            raise InputError("layer_index", f"expected 0..{self._num_layers - 1}, got {show(layer_index)}")
         self.load_events[layer_index].wait(stream)
 
     @property
@@ -259,8 +261,9 @@ class HiCacheController:
 
     ``host``: the :class:`sim.executor.Host` of the scheduler thread; ``load_stream``,
     ``write_stream``: stream names of the run; ``current_stream``: the stream current on
-    the scheduler thread when it calls ``start_loading``/``start_writing`` (in overlap
-    mode SGLang's ``schedule_stream``).  ``load_fence_stream`` (default ``None``: off, as
+    the scheduler thread when it calls ``start_loading``/``start_writing`` (default
+    ``"schedule"``: in overlap mode, SGLang's default, that is ``schedule_stream``; without
+    overlap it is the forward (default) stream).  ``load_fence_stream`` (default ``None``: off, as
     in 0.5.14): SGLang PR #36738 (merged after 0.5.14) makes the load stream wait for
     that stream (the forward stream) before its copies: modelled as a ``record`` of the
     ``load_fence`` event on it at ``start_loading`` and a ``wait`` of it on the load
@@ -270,7 +273,7 @@ class HiCacheController:
     """
 
     def __init__(self, token_to_kv_pool_allocator, mem_pool_host, page_size: int, *, host, load_stream: str,
-                 write_stream: str, current_stream: str, write_policy: str = "write_through",
+                 write_stream: str, current_stream: str = "schedule", write_policy: str = "write_through",
                  io_backend: str = "kernel", load_fence_stream: str | None = None,
                  write_event_pool: int = DEFAULT_WRITE_EVENT_POOL, name: str = "hicache"):
         if write_policy not in WRITE_POLICIES:
