@@ -19,7 +19,7 @@ import itertools
 
 from sim.errors import InputError, show
 
-__all__ = ["STATUS_COLOURS", "plot_sweep", "plot_timeline"]
+__all__ = ["STATUS_COLOURS", "plot_sweep", "plot_timeline", "sweep_layout"]
 
 STATUS_COLOURS = {"clean": "#2ca02c", "stale": "#d62728", "torn": "#9467bd", "indeterminate": "#ff7f0e",
                   "race": "#000000"}
@@ -57,23 +57,7 @@ def plot_sweep(rows: list[dict], base: str, *, x: str | None = None, lines: str 
     columns; writes ``base.png`` and ``base.svg``."""
     if not rows:
         raise InputError("plot", "the sweep has no points to plot")
-    columns = [k for k in rows[0] if k not in _RESULT_KEYS]
-    varying = [k for k in columns if len({repr(r.get(k)) for r in rows}) > 1]
-    for name, value in (("--x", x), ("--lines", lines)):
-        if value is not None and value not in columns:
-            raise InputError(name, f"expected a column of the sweep: {', '.join(columns)}; got {show(value)}")
-    if x is None:
-        x = next((k for k in varying if k != lines), columns[0])
-    if lines is None:
-        lines = next((k for k in varying if k != x), None)
-    if lines == x:
-        raise InputError("--lines", f"expected a column other than --x ({x})")
-    # a derived column (load_bytes) varies with the parameters it is made of: those that vary
-    # together with x do not make panels
-    def together(a, b):
-        pairs = {(repr(r.get(a)), repr(r.get(b))) for r in rows}
-        return len(pairs) == len({p[0] for p in pairs})
-    panel_keys = [k for k in varying if k not in (x, lines) and not together(x, k)]
+    x, lines, panel_keys = sweep_layout(rows, x, lines)
     panels = sorted({tuple(repr(r.get(k)) for k in panel_keys) for r in rows})
     if len(panels) > MAX_PANELS:
         raise InputError("plot", f"{len(panels)} panels (one per combination of {', '.join(panel_keys)}); "
@@ -120,6 +104,36 @@ def plot_sweep(rows: list[dict], base: str, *, x: str | None = None, lines: str 
         return _save(fig, base)
     finally:
         plt.close(fig)
+
+
+def sweep_layout(rows: list[dict], x: str | None = None, lines: str | None = None) -> tuple[str, str | None, list]:
+    """The axes of a sweep plot: (x column, lines column or None, panel columns).
+
+    Defaults: ``x`` the first varying column, ``lines`` the next one.  Panels
+    are the other varying columns, except those that vary *with* ``x`` (a
+    derived column such as ``load_bytes`` against the ``bytes_per_token`` it is
+    made of: one value of x gives one value of it)."""
+    if not rows:
+        raise InputError("plot", "the sweep has no points to plot")
+    columns = [k for k in rows[0] if k not in _RESULT_KEYS]
+    varying = [k for k in columns if len({repr(r.get(k)) for r in rows}) > 1]
+    for name, value in (("--x", x), ("--lines", lines)):
+        if value is not None and value not in columns:
+            raise InputError(name, f"expected a column of the sweep: {', '.join(columns)}; got {show(value)}")
+    if x is None:
+        x = next((k for k in varying if k != lines), columns[0])
+    if lines is None:
+        lines = next((k for k in varying if k != x and not _follows(rows, x, k)), None)
+    if lines == x:
+        raise InputError("--lines", f"expected a column other than --x ({x})")
+    panel_keys = [k for k in varying if k not in (x, lines) and not _follows(rows, x, k)]
+    return x, lines, panel_keys
+
+
+def _follows(rows: list[dict], a: str, b: str) -> bool:
+    """Does column ``b`` take one value for each value of ``a`` across the rows?"""
+    pairs = {(repr(r.get(a)), repr(r.get(b))) for r in rows}
+    return len(pairs) == len({p[0] for p in pairs})
 
 
 def _order(v):
