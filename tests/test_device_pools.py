@@ -4,8 +4,10 @@ a schedule header accepts."""
 import pytest
 
 from sim.errors import InputError
-from sim.pools.device import DSATokenToKVPool, MLATokenToKVPool
-from sim.pools.layouts import bf16_index_k, dsa_index_k, layout_from_json, token_rows
+from sim.pools.device import DeepSeekV4TokenToKVPool, DSATokenToKVPool, MLATokenToKVPool
+from sim.pools.layouts import (
+    bf16_index_k, c4_indexer, c4_paged, c128_paged, dsa_index_k, layout_from_json, token_rows,
+)
 from sim.schedule import ScheduleBuilder
 
 
@@ -67,3 +69,36 @@ def test_bad_geometry_names_the_key():
     with pytest.raises(InputError) as ei:
         MLATokenToKVPool(8, 1, 1, prefix=3)
     assert ei.value.where == "prefix"
+
+
+def test_v4_pools_page_counts_and_layer_mapping():
+    p = DeepSeekV4TokenToKVPool(4096, 256, [0, 0, 4, 128, 4, 128, 4], prefix="v_")
+    assert p.layer_mapping == [(0, 0), (0, 1), (4, 0), (128, 0), (4, 1), (128, 1), (4, 2)]
+    assert p.layers_of(4) == {2: 0, 4: 1, 6: 2} and p.layers_of(128) == {3: 0, 5: 1}
+    c4, c128, ix = p.c4_kv_pool, p.c128_kv_pool, p.c4_indexer_kv_pool
+    # (size + page_size + 1) // page_size page rows, size in compressed entries
+    assert (c4.size, c4.page_size, c4.num_pages) == (1024, 64, (1024 + 65) // 64)
+    assert c4.kv_layout == c4_paged(3, 17) and c4.bytes_per_page_padded == 37440
+    assert (c128.size, c128.page_size, c128.num_pages, c128.bytes_per_page_padded) == (32, 2, 17, 1728)
+    assert c128.kv_layout == c128_paged(2, 17)
+    assert (ix.size, ix.num_pages) == (32 * 32, 17) and ix.index_k_layout == c4_indexer(3, 17)
+    assert [(b["name"], b["kind"]) for b in p.buffers()] == [
+        ("v_c4_kv_buffer", "c4"), ("v_c4_indexer_index_k_with_scale_buffer", "c4_indexer"),
+        ("v_c128_kv_buffer", "c128")]
+    ScheduleBuilder(header(p.buffers()))
+
+
+def test_v4_bf16_fork_indexer_and_errors():
+    p = DeepSeekV4TokenToKVPool(2048, 256, [4, 4], bf16_index_k=True)
+    lay = p.c4_indexer_kv_pool.index_k_layout
+    assert (lay.page_bytes, lay.entries_per_page, lay.pages) == (64 * 256, 64, 9)
+    assert lay.token_extents(0, [65])[0].tolist() == [[lay.layer_bytes * 0 + 16384 + 256]]
+    assert p.c128_kv_pool is None and [b["kind"] for b in p.buffers()] == ["c4", "index_k_bf16"]
+    with pytest.raises(InputError) as ei:
+        DeepSeekV4TokenToKVPool(2048, 128, [4])
+    assert ei.value.where == "page_size"
+    with pytest.raises(InputError) as ei:
+        DeepSeekV4TokenToKVPool(2048, 256, [0, 8])
+    assert ei.value.where == "compression_ratios"
+    with pytest.raises(InputError):
+        DeepSeekV4TokenToKVPool(2048, 256, [0, 128])

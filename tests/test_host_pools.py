@@ -7,10 +7,10 @@ import pytest
 
 from sim.errors import InputError
 from sim.executor import run_programs
-from sim.pools.device import DSATokenToKVPool, MLATokenToKVPool
+from sim.pools.device import DeepSeekV4TokenToKVPool, DSATokenToKVPool, MLATokenToKVPool
 from sim.pools.host import (
-    HICACHE_HOST_MEMORY_RESERVE_BYTES, DSAIndexerPoolHost, HostPoolGroup, MLATokenToKVPoolHost, PoolEntry,
-    PoolTransfer, UnsupportedTransfer, resolve_layout_io_compatibility,
+    HICACHE_HOST_MEMORY_RESERVE_BYTES, DSAIndexerPoolHost, HostPoolGroup, LogicalHostPool, MLATokenToKVPoolHost,
+    PoolEntry, PoolTransfer, UnsupportedTransfer, deepseek_v4_num_host_pages, resolve_layout_io_compatibility,
 )
 from sim.pools.layouts import HostLayout, token_rows
 from sim.transfers.routines import plan
@@ -339,3 +339,118 @@ def test_two_ranks_coexist_in_one_run():
     r0 = token_bytes(mem, "r0_kv_buffer", dev0.kv_layout, 0, np.arange(64, 128))
     assert r0 != token_bytes(mem, "r1_host_kv_buffer", g1.get_pool("kv").kv_layout, 0, np.arange(64))
     assert r0 == token_bytes(mem, "r0_host_kv_buffer", g0.get_pool("kv").kv_layout, 0, np.arange(64))
+
+
+# ---------------------------------------------------------------- DeepSeek V4
+
+def v4(layout="layer_first", ratios=(0, 4, 128, 4), size=2048, **kw):
+    dev = DeepSeekV4TokenToKVPool(size, 256, list(ratios), prefix="d_", **kw)
+    return dev, HostPoolGroup.for_deepseek_v4(dev, 2.0, layout, prefix="h_")
+
+
+def page_rows(mem, name, layout, layer, rows):
+    data = mem.final_bytes(name)
+    offs = layout.unit_offsets(layer, rows)
+    return [data[o:o + layout.unit_bytes].tobytes() for o in offs]
+
+
+def test_v4_host_pages_and_logical_anchor():
+    assert deepseek_v4_num_host_pages(2048, 256, 2.0) == 16
+    assert deepseek_v4_num_host_pages(2000, 256, 1.0) == 9          # max(int(8 * 1.0), 8 + 1)
+    with pytest.raises(InputError) as ei:
+        deepseek_v4_num_host_pages(2048, 256, 2.0, hicache_size=10)
+    assert ei.value.where == "hicache_size"
+    dev, g = v4()
+    assert isinstance(g.anchor_entry.host_pool, LogicalHostPool) and g.size == 16 * 256
+    assert [e.name for e in g.entries] == ["kv", "deepseek_v4_c4", "deepseek_v4_c4_indexer", "deepseek_v4_c128"]
+    with pytest.raises(InputError):
+        g.alloc(100)                                                 # the logical anchor is page-aligned
+    with pytest.raises(InputError):
+        g.free(np.arange(3))
+    c4 = g.get_pool("deepseek_v4_c4")
+    assert (c4.item_bytes, c4.num_host_pages, c4.size) == (37440, 16, 4096)
+    assert c4.alloc(300).tolist() == list(range(512))                # rounds up to the slot page
+    assert [b["name"] for b in g.buffers()] == ["h_deepseek_v4_c4_kv_buffer",
+                                                "h_deepseek_v4_c4_indexer_kv_buffer",
+                                                "h_deepseek_v4_c128_kv_buffer"]
+    assert [b["name"] for b in g.device_buffers()] == ["d_c4_kv_buffer", "d_c4_indexer_index_k_with_scale_buffer",
+                                                       "d_c128_kv_buffer"]
+
+
+V4_PAGE_CASES = [
+    ("layer_first", "kernel", "kernel_per_layer", "kernel_all_layer"),
+    ("page_first", "kernel", "kernel_per_layer", "staged_all_layer_lf_pf"),
+    ("layer_first", "direct", "direct_per_layer", "direct_per_layer"),
+    ("page_first_direct", "direct", "direct_per_layer", "direct_per_layer"),
+]
+
+
+@pytest.mark.parametrize("layout,backend,load_r,backup_r", V4_PAGE_CASES)
+def test_v4_page_aligned_routines_and_bytes(layout, backend, load_r, backup_r):
+    dev, g = v4(layout)
+    h = g.alloc(768)
+    g.free(h[:256])
+    h = np.concatenate([h[256:], g.alloc(256)])            # host pages 1, 2, 3
+    d = np.concatenate([np.arange(1024, 1280), np.arange(256, 768)])   # full pages 4, 1, 2
+    hr, dr = h[::256] // 256, d[::256] // 256
+    bufs = g.device_buffers() + g.buffers()
+    ops = g.backup_from_device_all_layer(dev, h, d, backend)
+    assert {o["routine"] for o in ops} == {backup_r}
+    assert [o["src"] for o in ops][0] == "d_c4_kv_buffer" and ops[-1]["src"] == "d_c128_kv_buffer"
+    mem = run_ops(bufs, ops, {"d_c4_kv_buffer": (dr, 6), "d_c4_indexer_index_k_with_scale_buffer": (dr, 6),
+                              "d_c128_kv_buffer": (dr, 6)})
+    for e in g.entries[1:]:
+        hp = e.host_pool
+        for L in range(hp.layer_num):
+            assert page_rows(mem, hp.kv_buffer, hp.kv_layout, L, hr) == \
+                page_rows(mem, hp.device_buffer, hp.device_layout, L, dr), (e.name, L)
+    # layer 3 is the second C4 layer (compress id 1) and no C128 layer
+    ops = g.load_to_device_per_layer(dev, h, d, 3, backend)
+    assert [(o["routine"], o["dst"], o["args"]["layer"]) for o in ops] == [
+        (load_r, "d_c4_kv_buffer", 1), (load_r, "d_c4_indexer_index_k_with_scale_buffer", 1)]
+    ops = g.load_to_device_per_layer(dev, h, d, 2, backend)
+    assert [(o["dst"], o["args"]["layer"]) for o in ops] == [("d_c128_kv_buffer", 0)]
+    assert g.load_to_device_per_layer(dev, h, d, 0, backend) == []           # a SWA-only layer
+    ops = g.load_to_device_per_layer(dev, h, d, 3, backend)
+    c4h = g.get_pool("deepseek_v4_c4")
+    mem = run_ops(bufs, ops, {c4h.kv_buffer: (hr, 2)})
+    assert page_rows(mem, "d_c4_kv_buffer", dev.c4_kv_pool.kv_layout, 1, dr) == \
+        page_rows(mem, c4h.kv_buffer, c4h.kv_layout, 1, hr)
+
+
+def test_v4_token_granular_uses_dsv4_token_on_raw_indices():
+    dev, g = v4("layer_first")
+    h, d = np.arange(100), np.arange(300, 400)              # 100 is not a multiple of 256
+    ops = g.load_to_device_per_layer(dev, h, d, 1, "kernel")
+    assert [(o["routine"], o["args"]["layers"]) for o in ops] == [("dsv4_token", [0]), ("dsv4_token", [0])]
+    assert ops[0]["args"]["src_indices"] == h.tolist()     # raw slot indices, read as C4 entries
+    back = g.backup_from_device_all_layer(dev, h, d, "direct")   # whatever the io backend
+    assert [o["routine"] for o in back] == ["dsv4_token"] * 3
+    assert back[0]["args"]["layers"] == [0, 1] and back[2]["args"]["layers"] == [0]     # one C128 layer
+    c4h, ixh = g.get_pool("deepseek_v4_c4"), g.get_pool("deepseek_v4_c4_indexer")
+    mem = run_ops(g.device_buffers() + g.buffers(), ops, {c4h.kv_buffer: (np.arange(16), 3),
+                                                         ixh.kv_buffer: (np.arange(16), 3)})
+    # the C4 latent: each entry's value and scale land where the C4 layout says
+    assert_tokens_equal(mem, "d_c4_kv_buffer", dev.c4_kv_pool.kv_layout, d, c4h.kv_buffer, c4h.kv_layout, h, [0])
+    # the C4 indexer (8,448 B pages): the C4 constants move the wrong bytes
+    with pytest.raises(AssertionError):
+        assert_tokens_equal(mem, "d_c4_indexer_index_k_with_scale_buffer", dev.c4_indexer_kv_pool.index_k_layout,
+                            d, ixh.kv_buffer, ixh.kv_layout, h, [0])
+
+
+def test_v4_token_granular_needs_layer_first():
+    _, g = v4("page_first")
+    dev = g.anchor_entry.device_pool
+    with pytest.raises(UnsupportedTransfer) as ei:
+        g.load_to_device_per_layer(dev, np.arange(100), np.arange(100), 1, "kernel")
+    assert "data_ptrs is None" in str(ei.value)
+    assert g.load_to_device_per_layer(dev, [], [], 1, "kernel") == []
+
+
+def test_v4_unsupported_pairs_and_bf16_fork():
+    dev, g = v4("page_first_direct")
+    with pytest.raises(UnsupportedTransfer):
+        g.load_to_device_per_layer(dev, np.arange(256), np.arange(256, 512), 1, "kernel")
+    dev, g = v4("layer_first", bf16_index_k=True)
+    ixh = g.get_pool("deepseek_v4_c4_indexer")
+    assert ixh.item_bytes == 64 * 256 and dev.c4_indexer_kv_pool.index_k_layout.entries_per_page == 64

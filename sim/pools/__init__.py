@@ -7,8 +7,12 @@ from sim.pools.layouts import (  # noqa: F401
 from sim.pools.allocator import (  # noqa: F401
     BaseTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, get_num_new_pages,
 )
-from sim.pools.device import DSATokenToKVPool, KVCache, MLATokenToKVPool, buffer_decl  # noqa: F401
+from sim.pools.device import (  # noqa: F401
+    DeepSeekV4IndexerPool, DeepSeekV4SingleKVPool, DeepSeekV4TokenToKVPool, DSATokenToKVPool, KVCache,
+    MLATokenToKVPool, buffer_decl,
+)
 from sim.pools.host import (  # noqa: F401
-    DSAIndexerPoolHost, HostKVCache, HostPoolGroup, MLATokenToKVPoolHost, PoolEntry, PoolTransfer,
-    UnsupportedTransfer, resolve_layout_io_compatibility,
+    DeepSeekV4PagedHostPool, DSAIndexerPoolHost, HostKVCache, HostPoolGroup, LogicalHostPool,
+    MLATokenToKVPoolHost, PoolEntry, PoolTransfer, UnsupportedTransfer, deepseek_v4_num_host_pages,
+    resolve_layout_io_compatibility,
 )

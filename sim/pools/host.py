@@ -29,7 +29,10 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from sim.errors import InputError, KvraceError, show
-from sim.pools.device import DSATokenToKVPool, KVCache, MLATokenToKVPool, buffer_decl
+from sim.pools.device import (
+    DeepSeekV4IndexerPool, DeepSeekV4SingleKVPool, DeepSeekV4TokenToKVPool, DSATokenToKVPool, KVCache,
+    MLATokenToKVPool, buffer_decl,
+)
 from sim.pools.layouts import HOST_LAYOUTS, HostLayout, host_mirror
 
 __all__ = [
@@ -40,6 +43,9 @@ __all__ = [
     "HostKVCache",
     "MLATokenToKVPoolHost",
     "DSAIndexerPoolHost",
+    "LogicalHostPool",
+    "DeepSeekV4PagedHostPool",
+    "deepseek_v4_num_host_pages",
     "PoolEntry",
     "PoolTransfer",
     "HostPoolGroup",
@@ -464,6 +470,218 @@ class DSAIndexerPoolHost(HostKVCache):
 
 
 # ----------------------------------------------------------------------------
+# DeepSeek V4
+
+class LogicalHostPool:
+    """``memory_pool_host.LogicalHostPool``: the V4 group's anchor, slots only,
+    no bytes.  ``alloc`` and ``free`` must be page-aligned (InputError where
+    SGLang raises ValueError); loads and backups launch nothing."""
+
+    def __init__(self, size: int, page_size: int, layout: str = "layer_first"):
+        if size % page_size != 0:
+            raise InputError("size", f"LogicalHostPool size must be page-aligned, got size={size}, "
+                                     f"page_size={page_size}")
+        self.size = int(size)
+        self.page_size = int(page_size)
+        self.layout = layout
+        self.layer_num = 0
+        self.start_layer = self.end_layer = 0
+        self.size_per_token = 0
+        self.device = 0
+        self.can_use_write_back_jit = True
+        self.clear()
+
+    def buffers(self) -> list[dict]:
+        return []
+
+    def clear(self) -> None:
+        self.free_slots = np.arange(self.size, dtype=np.int64)
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> Optional[np.ndarray]:
+        if need_size % self.page_size != 0:
+            raise InputError("need_size", f"LogicalHostPool allocation must be page-aligned, got "
+                                          f"need_size={need_size}, page_size={self.page_size}")
+        if need_size > self.available_size():
+            return None
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        return out
+
+    def free(self, indices) -> int:
+        idx = _ints(indices, "indices")
+        if idx.size % self.page_size != 0:
+            raise InputError("indices", f"LogicalHostPool free must be page-aligned, got len(indices)="
+                                        f"{idx.size}, page_size={self.page_size}")
+        self.free_slots = np.concatenate([self.free_slots, idx])
+        return int(idx.size)
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend):
+        return []
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices, io_backend):
+        return []
+
+
+def deepseek_v4_num_host_pages(size_full: int, page_size: int, hicache_ratio: float,
+                               hicache_size: float = 0) -> int:
+    """``hybrid_pool_assembler._deepseek_v4_num_host_pages`` (full pool):
+    ``max(int(device_pages * ratio), device_pages + 1)`` with ``device_pages =
+    ceil(size_full / page_size)``; ``hicache_size`` is refused as in 0.5.14."""
+    if hicache_size > 0:
+        raise InputError("hicache_size", "DeepSeek V4 HiCache currently does not support --hicache-size; "
+                                         "use --hicache-ratio instead.")
+    pages = -(-int(size_full) // int(page_size))
+    return max(int(pages * hicache_ratio), pages + 1)
+
+
+class DeepSeekV4PagedHostPool(HostKVCache):
+    """``memory_pool_host.DeepSeekV4PagedHostPool``: host mirror of one V4
+    paged pool (C4 latent, C4 indexer, C128), one unit per device PAGE ROW.
+
+    ``num_host_pages`` rows of ``item_bytes`` (the device page row) per layer;
+    ``size = num_host_pages * slot_page_size`` slots.  ``alloc`` ROUNDS UP to a
+    multiple of ``slot_page_size`` (no assertion, unlike HostKVCache).
+
+    Transfers take slot indices (the anchor's full-token indices).  When both
+    index counts are multiples of ``slot_page_size``, rows are
+    ``indices.reshape(-1, slot_page_size)[:, 0] // slot_page_size`` and the
+    page-row routines run (kernel / direct, layer_first / page_first /
+    page_first_direct, staged write-back for page_first).  Otherwise the
+    token-granular ``transfer_cache_dsv4_mla`` (``dsv4_token``) runs on the RAW
+    indices, whatever the io backend, with the C4 constants; it needs the
+    per-layer host pointer table, which SGLang builds only for
+    ``layer_first`` (for the other layouts ``data_ptrs`` is None and SGLang
+    fails: :class:`UnsupportedTransfer` here).  Empty or mismatched index
+    lists: nothing is launched / InputError.
+    """
+
+    def __init__(self, pool_name: str, device_pool: KVCache, num_host_pages: int, slot_page_size: int,
+                 layout: str = "layer_first", *, prefix: str = "host_",
+                 host_memory_available: Optional[int] = None):
+        if not isinstance(device_pool, (DeepSeekV4SingleKVPool, DeepSeekV4IndexerPool)):
+            raise InputError("device_pool", f"expected a DeepSeekV4SingleKVPool or DeepSeekV4IndexerPool, "
+                                            f"got {type(device_pool).__name__}")
+        if layout not in HOST_LAYOUTS:
+            raise InputError("layout", f"expected one of {list(HOST_LAYOUTS)}, got {show(layout)}")
+        # NOTE: SGLang does not run HostKVCache.__init__ for this pool either.
+        self.pool_name = pool_name
+        self.device_pool = device_pool
+        self.layer_num = device_pool.layer_num
+        self.device_layout = (device_pool.kv_layout if isinstance(device_pool, DeepSeekV4SingleKVPool)
+                              else device_pool.index_k_layout)
+        self.device_buffer = (device_pool.kv_buffer if isinstance(device_pool, DeepSeekV4SingleKVPool)
+                              else device_pool.index_k_buffer)
+        self.item_bytes = self.device_layout.page_bytes
+        self.num_host_pages = int(num_host_pages)
+        self.slot_page_size = int(slot_page_size)
+        self.page_size = self.slot_page_size
+        self.size = self.num_host_pages * self.slot_page_size
+        self.layout = layout
+        self.size_per_token = self.item_bytes
+        self.start_layer, self.end_layer = 0, self.layer_num
+        self.prefix = prefix
+        self.device = device_pool.device
+        if host_memory_available is not None:
+            requested = self.layer_num * self.num_host_pages * self.item_bytes
+            if requested > host_memory_available - HICACHE_HOST_MEMORY_RESERVE_BYTES:
+                raise InputError("host_memory_available",
+                                 f"Not enough host memory for V4 paged pool {pool_name}")
+        self.layouts, self._kinds = {}, {}
+        shape = "layer_first" if layout == "layer_first" else "page_first"
+        self.kv_layout = host_mirror(self.device_layout, shape, units=self.num_host_pages, page_size=1,
+                                     name=f"host_{self.device_layout.name}")
+        self.kv_buffer = self._add(f"{pool_name}_kv_buffer", device_pool.kind_of(self.device_buffer),
+                                   self.kv_layout)
+        self.can_use_jit = False
+        self.can_use_write_back_jit = (layout == "page_first" and can_use_write_back_jit_kernel(self.item_bytes))
+        self.staging_page_capacity = (min(self.num_host_pages, WRITE_BACK_STAGING_PAGE_CHUNK)
+                                      if layout == "page_first" else 0)
+        self.clear()
+
+    def get_size_per_token(self) -> int:
+        return self.item_bytes
+
+    def alloc(self, need_size: int) -> Optional[np.ndarray]:
+        if not isinstance(need_size, numbers.Integral) or need_size < 0:
+            raise InputError("need_size", f"expected an integer >= 0, got {show(need_size)}")
+        need = -(-int(need_size) // self.slot_page_size) * self.slot_page_size
+        if need > self.available_size():
+            return None
+        out = self.free_slots[:need]
+        self.free_slots = self.free_slots[need:]
+        return out
+
+    def _to_page_indices(self, indices: np.ndarray) -> np.ndarray:
+        return indices.reshape(-1, self.slot_page_size)[:, 0] // self.slot_page_size
+
+    def _token_granular(self, h: np.ndarray, d: np.ndarray) -> bool:
+        return h.size % self.slot_page_size != 0 or d.size % self.slot_page_size != 0
+
+    def _token_path_check(self) -> None:
+        if self.layout != "layer_first":
+            raise UnsupportedTransfer(
+                f"{self.pool_name}: a token-granular transfer uses the per-layer host pointer table, "
+                f"which SGLang 0.5.14 builds only for layer_first (data_ptrs is None for {self.layout})")
+
+    def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id: int,
+                                 io_backend: str) -> list[dict]:
+        h, d = _check_pair(host_indices, device_indices)
+        if h.size == 0:
+            return []
+        src, dst = self.kv_buffer, self.device_buffer
+        if self._token_granular(h, d):
+            self._token_path_check()
+            return [_copy("dsv4_token", src, dst, {"src_indices": _lst(h), "dst_indices": _lst(d),
+                                                   "layers": [int(layer_id)]},
+                          f"transfer_cache_dsv4_mla ({self.pool_name}, token-granular)")]
+        hr, dr = self._to_page_indices(h), self._to_page_indices(d)
+        args = {"layer": int(layer_id), "src_indices": _lst(hr), "dst_indices": _lst(dr)}
+        pair = (io_backend, self.layout)
+        if pair == ("kernel", "layer_first"):
+            return [_copy("kernel_per_layer", src, dst, args, "sgl_kernel.transfer_kv_per_layer_mla (page rows)")]
+        if pair == ("kernel", "page_first"):
+            return [_copy("kernel_per_layer", src, dst, args,
+                          "sgl_kernel.transfer_kv_per_layer_mla_pf_lf (page rows)")]
+        if pair in (("direct", "layer_first"), ("direct", "page_first_direct")):
+            args["page_size"] = 1
+            fn = "transfer_kv_direct" if self.layout == "layer_first" else "transfer_kv_per_layer_direct_pf_lf"
+            return [_copy("direct_per_layer", src, dst, args, f"sgl_kernel.{fn} (page rows)")]
+        raise UnsupportedTransfer(f"Unsupported V4 paged host layout/backend: {self.layout}/{io_backend}")
+
+    def backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
+                                     io_backend: str) -> list[dict]:
+        h, d = _check_pair(host_indices, device_indices)
+        if h.size == 0:
+            return []
+        src, dst = self.device_buffer, self.kv_buffer
+        if self._token_granular(h, d):
+            self._token_path_check()
+            return [_copy("dsv4_token", src, dst, {"src_indices": _lst(d), "dst_indices": _lst(h),
+                                                   "layers": list(range(self.layer_num))},
+                          f"transfer_cache_dsv4_mla ({self.pool_name}, token-granular, all layers)")]
+        hr, dr = self._to_page_indices(h), self._to_page_indices(d)
+        pair = (io_backend, self.layout)
+        if pair == ("kernel", "layer_first"):
+            return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dr), "dst_indices": _lst(hr)},
+                          "sgl_kernel.transfer_kv_all_layer_mla (page rows)")]
+        if pair == ("kernel", "page_first"):
+            if self.can_use_write_back_jit:
+                return _staged_ops(src, dst, dr, hr, 1, self.staging_page_capacity,
+                                   f"jit_transfer_hicache_all_layer_mla_staged_lf_pf ({self.pool_name} page rows)")
+            return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dr), "dst_indices": _lst(hr)},
+                          "sgl_kernel.transfer_kv_all_layer_mla_lf_pf (page rows)")]
+        if pair in (("direct", "layer_first"), ("direct", "page_first_direct")):
+            fn = "transfer_kv_direct" if self.layout == "layer_first" else "transfer_kv_all_layer_direct_lf_pf"
+            return [_copy("direct_per_layer", src, dst,
+                          {"layer": L, "src_indices": _lst(dr), "dst_indices": _lst(hr), "page_size": 1},
+                          f"sgl_kernel.{fn} (page rows), layer {L}") for L in range(self.layer_num)]
+        raise UnsupportedTransfer(f"Unsupported V4 paged host layout/backend: {self.layout}/{io_backend}")
+
+
+# ----------------------------------------------------------------------------
 # groups
 
 @dataclass
@@ -552,12 +770,14 @@ class HostPoolGroup:
         return out
 
     def device_buffers(self) -> list[dict]:
-        """The device buffers of every entry's device pool (each pool once)."""
+        """The device buffers of every entry's device pool (each buffer once,
+        anchor's pool first)."""
         seen, out = set(), []
         for e in [self.anchor_entry] + [e for e in self.entries if e is not self.anchor_entry]:
-            if id(e.device_pool) not in seen:
-                seen.add(id(e.device_pool))
-                out.extend(e.device_pool.buffers())
+            for b in e.device_pool.buffers():
+                if b["name"] not in seen:
+                    seen.add(b["name"])
+                    out.append(b)
         return out
 
     def clear(self) -> None:
@@ -628,3 +848,37 @@ class HostPoolGroup:
         ix = DSAIndexerPoolHost(device_pool, kv, layout, prefix=prefix)
         return cls([PoolEntry("kv", kv, device_pool, _identity, True),
                     PoolEntry("indexer", ix, device_pool, _identity)])
+
+    @classmethod
+    def for_deepseek_v4(cls, device_pool: DeepSeekV4TokenToKVPool, hicache_ratio: float, layout: str, *,
+                        size_full: Optional[int] = None, hicache_size: float = 0, prefix: str = "host_",
+                        host_memory_available: Optional[int] = None) -> "HostPoolGroup":
+        """The V4 stack of 0.5.14 (``build_deepseek_v4_hicache_stack``) without
+        the SWA and compressor-state pools: anchor ``kv`` = LogicalHostPool of
+        ``num_host_pages * page_size`` slots, then ``deepseek_v4_c4``,
+        ``deepseek_v4_c4_indexer`` and (with C128 layers) ``deepseek_v4_c128``,
+        each a DeepSeekV4PagedHostPool with ``slot_page_size = page_size`` and
+        a layer mapper global layer -> compress_layer_id (None for other
+        layers).  ``size_full`` defaults to the device pool's ``size``."""
+        ps = device_pool.page_size
+        pages = deepseek_v4_num_host_pages(device_pool.size if size_full is None else size_full, ps,
+                                           hicache_ratio, hicache_size)
+        n_layers = device_pool.layer_num
+
+        def mapper(mapping: dict[int, int]) -> Callable[[int], Optional[int]]:
+            return lambda layer: mapping.get(layer) if 0 <= layer < n_layers else None
+
+        entries = [PoolEntry("kv", LogicalHostPool(pages * ps, ps, layout), device_pool,
+                             mapper({i: i for i in range(n_layers)}), True)]
+        kw = dict(prefix=prefix, host_memory_available=host_memory_available)
+        c4 = device_pool.layers_of(4)
+        entries.append(PoolEntry("deepseek_v4_c4", DeepSeekV4PagedHostPool(
+            "deepseek_v4_c4", device_pool.c4_kv_pool, pages, ps, layout, **kw), device_pool.c4_kv_pool, mapper(c4)))
+        entries.append(PoolEntry("deepseek_v4_c4_indexer", DeepSeekV4PagedHostPool(
+            "deepseek_v4_c4_indexer", device_pool.c4_indexer_kv_pool, pages, ps, layout, **kw),
+            device_pool.c4_indexer_kv_pool, mapper(c4)))
+        if device_pool.c128_kv_pool is not None:
+            entries.append(PoolEntry("deepseek_v4_c128", DeepSeekV4PagedHostPool(
+                "deepseek_v4_c128", device_pool.c128_kv_pool, pages, ps, layout, **kw),
+                device_pool.c128_kv_pool, mapper(device_pool.layers_of(128))))
+        return cls(entries)
