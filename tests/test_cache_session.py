@@ -311,3 +311,17 @@ def test_any_cache_operation_sequence_reruns_from_its_record_to_the_same_snapsho
 @given(_configs, st.lists(_step, max_size=40))
 def test_any_cache_operation_sequence_reruns_from_its_record_deep(config, steps):
     _session_reruns(config, steps)
+
+
+def test_the_docs_example_runs_and_its_record_reruns(capsys):
+    import pathlib
+    import re
+
+    text = pathlib.Path(__file__).resolve().parents[1].joinpath("docs", "hicache_controller.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    scope: dict = {}
+    exec(compile(code, "docs/hicache_controller.md", "exec"), scope)
+    out = capsys.readouterr().out
+    assert "kv layer 1 request 12 unit 1 v1" in out
+    s = scope["s"]
+    same_snapshot(s.snapshot(), snapshot_of(rerun(scope["doc"])))
