@@ -123,8 +123,8 @@ MLA_CASES = [
      "staged_all_layer_lf_pf", "jit_transfer_hicache_all_layer_mla_staged_lf_pf"),
     ("layer_first", "direct", "direct_per_layer", "sgl_kernel.transfer_kv_direct",
      "direct_per_layer", "sgl_kernel.transfer_kv_direct"),
-    ("page_first_direct", "direct", "direct_per_layer", "sgl_kernel.transfer_kv_per_layer_direct_pf_lf",
-     "direct_per_layer", "sgl_kernel.transfer_kv_all_layer_direct_lf_pf"),
+    ("page_first_direct", "direct", "direct_page_first", "sgl_kernel.transfer_kv_per_layer_direct_pf_lf",
+     "direct_page_first", "sgl_kernel.transfer_kv_all_layer_direct_lf_pf"),
 ]
 
 
@@ -256,7 +256,7 @@ DSA_CASES = [
     ("page_first", "kernel", ["kernel_per_layer", "dsa_indexer_per_layer"],
      ["staged_all_layer_lf_pf", "staged_all_layer_lf_pf"]),
     ("layer_first", "direct", ["direct_per_layer", "direct_per_layer"], ["direct_per_layer"] * 4),
-    ("page_first_direct", "direct", ["direct_per_layer", "direct_per_layer"], ["direct_per_layer"] * 4),
+    ("page_first_direct", "direct", ["direct_page_first", "direct_page_first"], ["direct_page_first"] * 4),
 ]
 
 
@@ -381,7 +381,7 @@ V4_PAGE_CASES = [
     ("layer_first", "kernel", "kernel_per_layer", "kernel_all_layer"),
     ("page_first", "kernel", "kernel_per_layer", "staged_all_layer_lf_pf"),
     ("layer_first", "direct", "direct_per_layer", "direct_per_layer"),
-    ("page_first_direct", "direct", "direct_per_layer", "direct_per_layer"),
+    ("page_first_direct", "direct", "direct_page_first", "direct_page_first"),
 ]
 
 
@@ -454,3 +454,28 @@ def test_v4_unsupported_pairs_and_bf16_fork():
     dev, g = v4("layer_first", bf16_index_k=True)
     ixh = g.get_pool("deepseek_v4_c4_indexer")
     assert ixh.item_bytes == 64 * 256 and dev.c4_indexer_kv_pool.index_k_layout.entries_per_page == 64
+
+
+def test_direct_page_first_routine_by_hand():
+    """transfer_kv_page_first_direct_impl: one memcpy per page per layer; the
+    host page is (first index of the group) // page_size, the device rows start
+    at the group's first index."""
+    dev = token_rows(16, layers=2, size=12, page_size=2)         # 14 rows, layer_bytes 224
+    host = HostLayout("h", "page_first_direct", layers=2, units=8, unit_bytes=16, page_size=2)   # page 64 B
+    p = plan("direct_page_first", host, dev,
+             {"layer": 1, "src_indices": [5, 0, 2, 3], "dst_indices": [8, 9, 4, 7], "page_size": 2}, "op")
+    # page 0: host index 5 -> host page 2 (rows 4, 5), device rows 8, 9; page 1: host page 1 -> device 4, 5
+    assert p.extents.rows() == [(0, 2 * 64 + 32, 224 + 8 * 16, 32), (1, 64 + 32, 224 + 4 * 16, 32)]
+    assert p.launch.kind == "memcpy_runs" and p.extents.n_items == 2
+    # the coalescing direct routine honours every index instead
+    q = plan("direct_per_layer", host, dev,
+             {"layer": 1, "src_indices": [5, 0, 2, 3], "dst_indices": [8, 9, 4, 7], "page_size": 2}, "op")
+    assert q.extents.n_items == 4 and q.extents.rows()[0] == (0, 2 * 64 + 32 + 16, 224 + 8 * 16, 16)
+    with pytest.raises(InputError) as ei:
+        plan("direct_page_first", host, dev, {"layer": 0, "src_indices": [1], "dst_indices": [1],
+                                              "page_size": 2}, "op")
+    assert ei.value.where == "op.args.src_indices"
+    with pytest.raises(InputError) as ei:
+        plan("direct_page_first", host, dev, {"layer": 0, "src_indices": [0, 1], "dst_indices": [-2, 1],
+                                              "page_size": 2}, "op")
+    assert ei.value.where == "op.args.dst_indices[0]"

@@ -266,7 +266,7 @@ def test_unknown_routine_and_registry():
     assert ei.value.where == "op.routine" and "kernel_per_layer" in ei.value.message
     assert set(ROUTINES) == {"kernel_per_layer", "kernel_all_layer", "direct_per_layer",
                              "dsa_indexer_per_layer", "dsv4_token", "token_bytewise",
-                             "staged_all_layer_lf_pf"}
+                             "staged_all_layer_lf_pf", "direct_page_first"}
     for r in ROUTINES.values():
         assert r.doc and r.sglang_name and "src_indices" in r.required_args
 

@@ -115,6 +115,12 @@ def _copy(routine: str, src: str, dst: str, args: dict, note: str) -> dict:
     return {"op": "copy", "routine": routine, "src": src, "dst": dst, "args": args, "note": note}
 
 
+def _direct_routine(layout: str) -> str:
+    """``transfer_kv_direct`` (coalesced runs) for layer_first;
+    ``transfer_kv_*_direct_pf_lf`` / ``_lf_pf`` (one memcpy per page) for page_first_direct."""
+    return "direct_per_layer" if layout == "layer_first" else "direct_page_first"
+
+
 def _lst(a: np.ndarray) -> list[int]:
     return a.tolist()
 
@@ -289,7 +295,7 @@ class MLATokenToKVPoolHost(HostKVCache):
         else:
             raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
         args["page_size"] = self.page_size
-        return [_copy("direct_per_layer", self.kv_buffer, device_pool.kv_buffer, args, note)]
+        return [_copy(_direct_routine(self.layout), self.kv_buffer, device_pool.kv_buffer, args, note)]
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
                                      io_backend: str) -> list[dict]:
@@ -316,7 +322,7 @@ class MLATokenToKVPoolHost(HostKVCache):
             note = "sgl_kernel.transfer_kv_all_layer_direct_lf_pf"
         else:
             raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
-        return [_copy("direct_per_layer", src, dst,
+        return [_copy(_direct_routine(self.layout), src, dst,
                       {"layer": L, "src_indices": _lst(d), "dst_indices": _lst(h), "page_size": self.page_size},
                       f"{note}, layer {L}") for L in range(self.layer_num)]
 
@@ -437,7 +443,7 @@ class DSAIndexerPoolHost(HostKVCache):
             note = "sgl_kernel.transfer_kv_per_layer_direct_pf_lf (index-K pages, page_size 1)"
         else:
             raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
-        return [_copy("direct_per_layer", src, dst,
+        return [_copy(_direct_routine(self.layout), src, dst,
                       {"layer": int(layer_id), "src_indices": _lst(hp), "dst_indices": _lst(dp), "page_size": 1},
                       note)]
 
@@ -464,7 +470,7 @@ class DSAIndexerPoolHost(HostKVCache):
             note = "sgl_kernel.transfer_kv_all_layer_direct_lf_pf (index-K pages)"
         else:
             raise UnsupportedTransfer(f"Unsupported layout: {self.layout} (io backend direct)")
-        return [_copy("direct_per_layer", src, dst,
+        return [_copy(_direct_routine(self.layout), src, dst,
                       {"layer": L, "src_indices": _lst(dp), "dst_indices": _lst(hp), "page_size": 1},
                       f"{note}, layer {L}") for L in range(self.layer_num)]
 
@@ -648,7 +654,7 @@ class DeepSeekV4PagedHostPool(HostKVCache):
         if pair in (("direct", "layer_first"), ("direct", "page_first_direct")):
             args["page_size"] = 1
             fn = "transfer_kv_direct" if self.layout == "layer_first" else "transfer_kv_per_layer_direct_pf_lf"
-            return [_copy("direct_per_layer", src, dst, args, f"sgl_kernel.{fn} (page rows)")]
+            return [_copy(_direct_routine(self.layout), src, dst, args, f"sgl_kernel.{fn} (page rows)")]
         raise UnsupportedTransfer(f"Unsupported V4 paged host layout/backend: {self.layout}/{io_backend}")
 
     def backup_from_device_all_layer(self, device_pool, host_indices, device_indices,
@@ -675,7 +681,7 @@ class DeepSeekV4PagedHostPool(HostKVCache):
                           "sgl_kernel.transfer_kv_all_layer_mla_lf_pf (page rows)")]
         if pair in (("direct", "layer_first"), ("direct", "page_first_direct")):
             fn = "transfer_kv_direct" if self.layout == "layer_first" else "transfer_kv_all_layer_direct_lf_pf"
-            return [_copy("direct_per_layer", src, dst,
+            return [_copy(_direct_routine(self.layout), src, dst,
                           {"layer": L, "src_indices": _lst(dr), "dst_indices": _lst(hr), "page_size": 1},
                           f"sgl_kernel.{fn} (page rows), layer {L}") for L in range(self.layer_num)]
         raise UnsupportedTransfer(f"Unsupported V4 paged host layout/backend: {self.layout}/{io_backend}")

@@ -18,6 +18,9 @@ source; ``reference/sglang_hicache.md`` §3.3 and §4):
   its own fixed C4 constants, whatever buffers it is handed.
 * ``token_bytewise``: the candidate fix, each token's own bytes as the layouts
   describe them.
+* ``direct_page_first``: ``sgl_kernel.transfer_kv_per_layer_direct_pf_lf`` /
+  ``transfer_kv_all_layer_direct_lf_pf`` (one layer): one memcpy per page of
+  ``page_size`` rows between a ``page_first_direct`` host pool and a device pool.
 * ``staged_all_layer_lf_pf``: ``jit_kernel.hicache.transfer_hicache_all_layer_mla_staged_lf_pf``
   (the page_first write-back SGLang 0.5.14 runs when ``can_use_write_back_jit``):
   one launch gathers whole pages into a device staging buffer, then one
@@ -466,6 +469,42 @@ def _token_bytewise(src, dst, args, where) -> CopyPlan:
     return CopyPlan("token_bytewise", ext, warp_quota_launch(s.size))
 
 
+def _direct_page_first(src, dst, args, where) -> CopyPlan:
+    layer = _layer(args["layer"], src, dst, where + ".args.layer")
+    s, d = _pair(args, where)
+    ps = _int(args["page_size"], where + ".args.page_size", minimum=1)
+    if s.size % ps:
+        raise InputError(where + ".args.src_indices",
+                         f"Source indices size must be divisible by page size "
+                         f"(got {s.size} indices, page_size {ps})")
+    if src.unit_bytes != dst.unit_bytes:
+        raise InputError(where + ".args",
+                         f"expected equal unit sizes for a direct copy (src {src.name}: "
+                         f"{src.unit_bytes} B, dst {dst.name}: {dst.unit_bytes} B)")
+    n_pages = s.size // ps
+    t = np.arange(ps, dtype=np.int64)
+
+    def rows(lay, first):
+        # a host side addresses page (index // page_size); a device side starts at the index
+        if isinstance(lay, HostLayout):
+            return ((first // ps) * ps)[:, None] + t[None, :]
+        return first[:, None] + t[None, :]
+
+    rs, rd = rows(src, s[::ps]), rows(dst, d[::ps])
+    for name, r, lay in (("src_indices", rs, src), ("dst_indices", rd, dst)):
+        neg = np.nonzero(r[:, 0] < 0)[0]
+        if neg.size:
+            raise InputError(f"{where}.args.{name}[{int(neg[0]) * ps}]",
+                             f"expected a non-negative index (the direct copy slices the tensor), "
+                             f"got {int(r[neg[0], 0])}")
+    so = src.unit_offsets(layer, rs.reshape(-1))
+    do = dst.unit_offsets(layer, rd.reshape(-1))
+    item = np.repeat(np.arange(n_pages, dtype=np.int64), ps)
+    ln = np.full(item.size, src.unit_bytes, dtype=np.int64)
+    ext = _merge_contiguous(so, do, ln, item, n_pages)
+    return CopyPlan("direct_page_first", ext, memcpy_launch(n_pages))
+
+
 def _staged_all_layer_lf_pf(src, dst, args, where) -> CopyPlan:
     s, d = _pair(args, where)
     ps = _int(args["page_size"], where + ".args.page_size", minimum=1)
@@ -532,6 +571,13 @@ ROUTINES: dict[str, Routine] = {r.name: r for r in (
         "Per token, copy the token's own bytes (token_extents on each side, field by "
         "field). Pairs with a negative index are skipped, as in the AOT kernel.",
         ("layer", "src_indices", "dst_indices"), (), _token_bytewise),
+    Routine(
+        "direct_page_first",
+        "sgl_kernel.transfer_kv_per_layer_direct_pf_lf / transfer_kv_all_layer_direct_lf_pf (one layer)",
+        "One memcpy per page_size group of indices (item = page): only the group's first index "
+        "counts; on a host side it names the page index // page_size (rows page*page_size + t), "
+        "on a device side the first row (rows index + t). One layer; negative indices are refused.",
+        ("layer", "src_indices", "dst_indices", "page_size"), (), _direct_page_first),
     Routine(
         "staged_all_layer_lf_pf",
         "sglang.jit_kernel.hicache.transfer_hicache_all_layer_mla_staged_lf_pf (one chunk)",
@@ -610,7 +656,7 @@ def item_bounds(routine: str, args: Mapping) -> np.ndarray:
     n = s.size
     if routine == "dsa_indexer_per_layer":
         return np.arange(0, n + 1, int(args.get("page_size", DSA_PAGE_SIZE)), dtype=np.int64)
-    if routine == "staged_all_layer_lf_pf":
+    if routine in ("staged_all_layer_lf_pf", "direct_page_first"):
         return np.arange(0, n + 1, int(args["page_size"]), dtype=np.int64)
     if routine == "direct_per_layer":
         brk = np.ones(n, dtype=bool)
