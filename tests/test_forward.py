@@ -374,3 +374,60 @@ def test_topk_tells_a_selection_changing_stale_read_from_a_harmless_one():
     assert harmless is not None and changing is not None
     assert changing.selected_differing == 1 and harmless.selected_differing == 0
     assert not topk_verdict(right, right, k).changed
+
+
+@pytest.mark.slow
+@given(data=st.data())
+@settings(max_examples=6, deadline=None)
+def test_one_step_equals_per_layer_for_random_batches(data):
+    """Property: any batch with no copy in flight gives the same bytes per pool, the same final
+    buffers, the same verdict counts and the same end time in both modes; entry_bytes finds
+    each request's entries in both reads alike."""
+    name = data.draw(st.sampled_from(["dsa-v3.2", "deepseek-v4-flash"]))
+    mode = data.draw(st.sampled_from(["extend", "decode"]))
+    pages = 6
+    fam, pools, buffers, header = world(name, pages)
+    reqs = []
+    for rid in range(data.draw(st.integers(1, 3))):
+        slots = {}
+        for role, (_, lay) in buffers.items():
+            ent = data.draw(st.lists(st.integers(0, lay.tokens - 1), max_size=40, unique=True))
+            if ent:
+                slots[role] = np.array(ent, np.int64)
+        ctx = data.draw(st.integers(1, 5000))
+        reqs.append(BatchRequest(rid, slots, ctx if mode == "extend" else 1, ctx))
+    b = ForwardBatch(mode, tuple(reqs), -1)
+    loaded = data.draw(st.lists(st.integers(0, pages - 1), max_size=pages, unique=True))
+    results = {}
+    for one in (False, True):
+        out = {}
+
+        def program(h):
+            if loaded:
+                issue_load(h, fam, pools, buffers, loaded)
+                yield h.synchronize()
+            out["issue"] = issue_forward(h, "forward", b, model=fam, gate_map=gate_map("upstream-0.5.11"),
+                                         buffers=buffers, cost=COST, one_step=one)
+            yield h.synchronize()
+        run = run_programs(header, {"host": program}, profile(), materialise=False)
+        results[one] = (run, out["issue"], analyse(run))
+    (r0, i0, a0), (r1, i1, a1) = results[False], results[True]
+    b0, b1 = _by_role(i0, r0), _by_role(i1, r1)
+    assert b0.keys() == b1.keys()
+    for role in b0:
+        assert np.array_equal(b0[role], b1[role])
+    for bname in r0.schedule.buffers:
+        assert r0.memory.digest(bname) == r1.memory.digest(bname)
+    for key in ("stale_reads", "torn_reads", "latent_races_total"):
+        assert a0[key] == a1[key]
+    assert r1.end_us == pytest.approx(r0.end_us, rel=1e-9)
+    got0 = {r.op_id: r.bytes() for r in r0.reads}
+    got1 = {r.op_id: r.bytes() for r in r1.reads}
+    one_step = {info.role: info for info in i1.reads}
+    for info in i0.reads:
+        lay = buffers[info.role][1]
+        for rid, ent in info.entries.items():
+            x = entry_bytes(got0[info.op_id], info, lay, ent)
+            y = entry_bytes(got1[one_step[info.role].op_id], one_step[info.role], lay, ent,
+                            pool_layer=info.pool_layers[0])
+            assert np.array_equal(x, y)

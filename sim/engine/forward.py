@@ -192,6 +192,13 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
     """Per layer: [(step, gated, [(role, pool_layer, starts, lengths, entries)], compute_us)], ffn_us."""
     plan = []
     entries = {role: _entries(batch, role) for role in buffers}
+    # NOTE: a device layout is layer-major, so the extents of one set of entries in pool layer k
+    # are those of pool layer 0 shifted by k * layer_bytes: computed once per role
+    base: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for role, ent in entries.items():
+        if ent:
+            allent = np.unique(np.concatenate(list(ent.values())))
+            base[role] = read_ranges(buffers[role][1], 0, allent)
     for layer in range(model.n_layers):
         steps = []
         for si, step in enumerate(model.layer_steps(layer, batch.mode, options)):
@@ -205,10 +212,9 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
                     continue
                 require(role in pools, f"buffers.{role}", f"model {model.name} has no pool {role!r}")
                 pl = pools[role].pool_layer(layer)
-                ent = entries[role]
-                allent = np.unique(np.concatenate(list(ent.values())))
-                starts, lens = read_ranges(buffers[role][1], pl, allent)
-                reads.append((role, pl, starts, lens, ent))
+                starts0, lens = base[role]
+                starts = starts0 + np.int64(pl) * np.int64(buffers[role][1].layer_bytes)
+                reads.append((role, pl, starts, lens, entries[role]))
                 kv += int(lens.sum())
             us = 0.0
             if step.compute:
