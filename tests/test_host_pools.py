@@ -479,3 +479,17 @@ def test_direct_page_first_routine_by_hand():
         plan("direct_page_first", host, dev, {"layer": 0, "src_indices": [0, 1], "dst_indices": [-2, 1],
                                               "page_size": 2}, "op")
     assert ei.value.where == "op.args.dst_indices[0]"
+
+
+def test_empty_transfers():
+    dev = DSATokenToKVPool(128, 64, 1)
+    g = HostPoolGroup.for_dsa(dev, 2.0, 0, "page_first")
+    kv, ix = g.get_pool("kv"), g.get_pool("indexer")
+    ops = kv.load_to_device_per_layer(dev, [], [], 0, "kernel") + ix.load_to_device_per_layer(dev, [], [], 0, "kernel")
+    assert [(o["routine"], o["args"]["src_indices"]) for o in ops] == [("kernel_per_layer", []),
+                                                                       ("dsa_indexer_per_layer", [])]
+    assert g.backup_from_device_all_layer(dev, [], [], "kernel") == []          # no staged chunk runs
+    run_ops(dev.buffers() + g.buffers(), ops, {})
+    with pytest.raises(InputError) as ei:
+        kv.load_to_device_per_layer(dev, [1, 2], [3], 0, "kernel")
+    assert ei.value.where == "device_indices"
