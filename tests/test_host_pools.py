@@ -4,6 +4,7 @@ byte checks: running the returned ops through the executor puts every token's
 bytes where the layouts say."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from sim.errors import InputError
 from sim.executor import run_programs
@@ -493,3 +494,34 @@ def test_empty_transfers():
     with pytest.raises(InputError) as ei:
         kv.load_to_device_per_layer(dev, [1, 2], [3], 0, "kernel")
     assert ei.value.where == "device_indices"
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_host_slots_are_never_handed_out_twice(data):
+    """Random alloc/free on the MLA host pool and a V4 paged host pool (which
+    rounds requests up): every slot is owned at most once and available_size is
+    exact."""
+    if data.draw(st.booleans()):
+        pool = MLATokenToKVPoolHost(mla(size=8, page_size=4), 2.0, 0, 4, "layer_first")
+        unit = 4
+    else:
+        _, g = v4(size=512)
+        pool = g.get_pool("deepseek_v4_c4")
+        unit = 1
+    owned: list[np.ndarray] = []
+    for _ in range(data.draw(st.integers(1, 20))):
+        if owned and data.draw(st.booleans()):
+            assert pool.free(owned.pop(data.draw(st.integers(0, len(owned) - 1)))) > 0
+        else:
+            n = data.draw(st.integers(1, 3)) * (unit if unit > 1 else data.draw(st.integers(1, 300)))
+            got = pool.alloc(n)
+            held = sum(len(o) for o in owned)
+            if got is None:
+                assert -(-n // pool.page_size) * pool.page_size > pool.size - held
+                continue
+            assert len(got) % pool.page_size == 0 and len(got) >= n
+            taken = set(np.concatenate(owned).tolist()) if owned else set()
+            assert not taken & set(got.tolist())
+            owned.append(got)
+        assert pool.available_size() == pool.size - sum(len(o) for o in owned)
