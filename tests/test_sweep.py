@@ -135,6 +135,30 @@ def test_trial_status_is_what_analyse_reports():
     assert {"ok", "torn"} <= seen            # the point really is mixed
 
 
+@pytest.mark.parametrize("point", [
+    {"bytes_per_token": 4096, "compute_us": 10.0, "launch_jitter_us": 5.0},               # 1 MiB, torn pages
+    {"bytes_per_token": 264, "page_tokens": 3, "pages": 7, "compute_us": 14.0, "launch_jitter_us": 6.0},
+    {"bytes_per_token": 136, "page_tokens": 1, "pages": 40, "compute_us": 5.0, "launch_jitter_us": 3.0},
+])
+def test_read_status_agrees_with_the_verdicts_classifier(point):
+    """The piece-wise status (no per-byte arrays) equals sim.verdicts' per-byte one."""
+    from sim.sweeps.trials import read_status
+    from sim.verdicts import _classify, _indeterminate_masks
+
+    prep = _Prepared(_task(point, 0, 1))
+    seen = set()
+    for seed in range(12):
+        run = run_schedule(prep.schedule, prep.profile, seed=seed, ties=TieBreak("seeded", seed=seed),
+                           materialise=False)
+        r = run.reads[0]
+        ref = prep.reference[r.op_id]
+        unit = prep.schedule.buffers[r.buffer].layout.unit_bytes
+        status = read_status(r, ref, unit)
+        assert status == _classify(r, ref, unit, _indeterminate_masks(r, None))[0]
+        seen.add(status)
+    assert seen - {"ok"}
+
+
 def test_chunks_add_up_to_one_chunk():
     """Trial t's seed depends on (seed, point, t) only: cutting trials into chunks changes nothing."""
     whole = run_chunk(_task(MIXED, 0, 30))
