@@ -325,3 +325,16 @@ def test_the_docs_example_runs_and_its_record_reruns(capsys):
     assert "kv layer 1 request 12 unit 1 v1" in out
     s = scope["s"]
     same_snapshot(s.snapshot(), snapshot_of(rerun(scope["doc"])))
+
+
+def test_backup_without_waiting_for_the_forward_races_its_kv_writes():
+    # the scheduler inserts (starting the backup) before the forward's KV writes are known to
+    # be done: the write stream's copy reads the slots unordered after the writes
+    for sync, races in ((True, 0), (False, 2)):
+        s = CacheSession(SMALL)
+        slots = s.allocator.alloc(16)
+        s.store_kv(slots, owner=4, sync=sync)
+        s.cache.insert(InsertParams(RadixKey(np.arange(16)), slots))
+        rep = analyse(s.finish())
+        pairs = [r for r in rep["latent_races"] if r["ops"][1].startswith("hicache.write0.copy")]
+        assert len(pairs) == races                        # one per layer written

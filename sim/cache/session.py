@@ -265,6 +265,7 @@ class CacheSession:
         ``session.host``'s ``delay``/``synchronize`` or ``controller.settle()``) is waited
         for, and its return value is the result."""
         self._open()
+        self.settle()                  # a previous call that raised may have left steps pending
         out = fn(*args, **kwargs)
         if inspect.isgenerator(out):
             gen, value = out, None
@@ -294,11 +295,17 @@ class CacheSession:
         return list(self.device_pool.layouts)
 
     def store_kv(self, device_indices, owner: int, *, layers=None, version: int = 1, stream: str = "forward",
-                 ) -> list[str]:
+                 sync: bool = True) -> list[str]:
         """The forward pass writes request ``owner``'s KV into ``device_indices``: one
         ``write`` op per layer (``layers``: default all) and device buffer of the pool, on
         ``stream``.  A buffer whose unit is a page (DSA index-K) gets each touched page.
-        Returns the op ids."""
+
+        ``sync`` (default): the scheduler then waits for ``stream`` (a recorded
+        ``host_sync``), as SGLang's scheduler waits for a batch's results
+        (``copy_done.synchronize()`` in overlap mode) before it inserts the request into
+        the tree, so a backup started by that insert reads the written KV.  ``sync=False``
+        leaves the backup unordered after these writes (the D2H source race of SGLang
+        PR #20611's report).  Returns the op ids of the writes."""
         self._open()
         self.settle()
         idx = np.asarray(device_indices, dtype=np.int64).reshape(-1)
@@ -312,6 +319,8 @@ class CacheSession:
                 ids.append(self.host.issue({"op": "write", "stream": stream, "buffer": name, "layer": int(layer),
                                             "units": units.tolist(), "owner": int(owner),
                                             "version": int(version)}))
+        if sync:
+            self._block(self.host.synchronize(stream=stream))
         return ids
 
     def read(self, buffer: str, layer: int, units, *, stream: str = "forward", gate: int | None = None,
