@@ -47,7 +47,9 @@ recorded in the result, so any run can be repeated exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Generator
+from typing import Any, Callable, Generator
+
+import heapq
 
 import numpy as np
 import simpy
@@ -124,10 +126,24 @@ class RunResult:
     access_seq: dict[str, int] = field(default_factory=dict)           # read/write id -> order of touching
     torn: bool = True                                                  # in-flight items visible part-way
     unbound: list[dict] = field(default_factory=list)                  # waits/queries with no record issued
+    # keep="report" runs (see run_programs): what was kept, the verdicts computed while running,
+    # the schedule's digest (computed as ops were issued) and how many same-instant orders there were
+    kept: str = "all"
+    online: Any = None
+    digest: str | None = None
+    tie_orders_total: int = 0
+
+    @property
+    def n_ops(self) -> int:
+        """How many ops the run's hosts issued."""
+        return self.online.taken if self.online is not None else len(self.schedule.ops)
 
     @property
     def recorded(self) -> dict:
         """The ops the hosts issued, in issue order, as a version 2 schedule document."""
+        if self.kept != "all":
+            raise InputError("keep", "this run kept its report only (keep='report'), not the ops its hosts "
+                             "issued; expected a run with keep='all' to read its recorded schedule")
         return self.schedule.to_json()
 
 
@@ -217,81 +233,160 @@ class Host:
         return op
 
 
+KEEP_MODES = ("all", "report")
+#: same-instant orders a keep="report" run keeps (the first ones; all are counted)
+TIE_ORDER_LIMIT = 1000
+#: a program run forgets where stream ops ran once this many are held (see Executor._where)
+WHERE_PRUNE = 4096
+
+
 class Executor:
-    """One run: streams, links and memory, fed by host programs (see module doc)."""
+    """One run: streams, links and memory, fed by host programs (see module doc).
+
+    Completion is tracked per stream, not per op: a stream runs FIFO, so its
+    completed ops are a prefix of the ops issued on it, and an op is complete when
+    its position on its stream is within that prefix.  An event to wait for an op
+    is made only when something waits for one that has not completed
+    (``_done_event``), so the run holds nothing per completed op.
+
+    ``keep="all"`` keeps every op's timings, each copy's item landing times, each
+    read's bytes (``RunResult.reads``) and the recorded schedule; ``keep="report"``
+    keeps only what the verdicts need, computing them while the run runs
+    (``sim.verdicts.OnlineVerdicts``), so memory follows the live state."""
 
     stream_ops = ("copy", "read", "write", "compute", "record", "wait")
 
     def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
-                 seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True):
+                 seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True,
+                 keep: str = "all", hosts=(), static_ops: list | None = None, race_limit: int | None = 1000):
+        if keep not in KEEP_MODES:
+            raise InputError("keep", f"expected one of {list(KEEP_MODES)}, got {keep!r}")
         self.buffers = buffers
         self.builder = builder               # validates the ops of running host programs
         self.p = profile
         self.torn = torn
+        self.keep_all = keep == "all"
+        self.keep = keep
         self.rng = np.random.default_rng(seed)
         self.ties = ties or TieBreak()
         self.mem = Memory(buffers, materialise=materialise)
         self.env = simpy.Environment()
         self.queues = {name: simpy.Store(self.env) for name in streams}
-        self.issued: list = []
-        self.done: dict[int, simpy.Event] = {}
+        self._issued_on = {name: 0 for name in streams}     # ops issued on each stream
+        self._done_on = {name: 0 for name in streams}       # ops completed: a prefix (FIFO)
+        self._waiters: dict[str, list] = {name: [] for name in streams}   # heap (position, n, event)
+        self._running: dict[str, Any] = {}                  # stream -> the op it runs now
+        self._where: dict[int, tuple[str, int]] = {}        # stream op index -> (stream, position)
+        self._bound: dict[int, tuple[str, int]] = {}        # wait issued, not run -> its record's place
+        self._prune_where = builder is not None             # a static schedule keeps every index
+        self._n_wait = 0
         self.pending: dict[int, simpy.Event] = {}    # host op index -> event its host must yield
+        self._host_busy: dict[int, Any] = {}         # host ops not finished
         self.barriers: dict[str, list] = {}          # barrier instance -> [participants left, event]
-        self.clipped: dict[str, Clipped] = {}
+        self.clipped: dict[str, Clipped] = {}        # copies issued, not started
         self.oob: list[dict] = []
         self.active: list[_Copy] = []
         self.reads: list[ReadCapture] = []
         self.timings: dict[str, tuple[float, float]] = {}
+        self._t0: dict[str, float] = {}              # copies started: op id -> start
         self.tie_orders: list[tuple[float, list[str]]] = []
+        self.tie_orders_total = 0
         self._pending_gate: list = []
         self._links: dict = {}
         self.item_end_us: dict[str, np.ndarray] = {}
         self.access_us: dict[str, float] = {}
         self.access_seq: dict[str, int] = {}
+        self._n_access = 0
+        self.online = None
+        if not self.keep_all:
+            from sim.verdicts import OnlineVerdicts     # verdicts imports this module
+            self.online = OnlineVerdicts(buffers, streams, hosts, self.mem.table, race_limit=race_limit,
+                                         ops=static_ops)
         for name in streams:
-            self.env.process(self._stream(self.queues[name]))
+            self.env.process(self._stream(name, self.queues[name]))
+
+    # ---------------------------------------------------------------- completion
+    def _is_done(self, index: int) -> bool:
+        stream, k = self._where[index]
+        return k <= self._done_on[stream]
+
+    def _done_event(self, index: int, where: tuple[str, int] | None = None) -> simpy.Event | None:
+        """An event that fires when stream op ``index`` (at ``where``, its stream and
+        position, if given) completes (None: it has)."""
+        stream, k = where or self._where[index]
+        if k <= self._done_on[stream]:
+            return None
+        ev = self.env.event()
+        self._n_wait += 1
+        heapq.heappush(self._waiters[stream], (k, self._n_wait, ev))
+        return ev
+
+    def _completed(self, stream: str) -> None:
+        done = self._done_on[stream] = self._done_on[stream] + 1
+        heap = self._waiters[stream]
+        while heap and heap[0][0] <= done:
+            heapq.heappop(heap)[2].succeed()
+
+    def _forget_where(self) -> None:
+        """Keep the positions of the ops a later op can name: each stream's last op and
+        each event's latest record (the builder's view, which is the issue order)."""
+        b = self.builder
+        live = set(b._last_on_stream.values()) | set(b._last_record.values())
+        self._where = {i: w for i, w in self._where.items() if i in live}
 
     # ---------------------------------------------------------------- issue
     def resolve_query(self, record_index: int | None) -> bool:
         """A host_query's outcome: its bound record has completed (no record: True, as CUDA)."""
-        return record_index is None or self.done[record_index].triggered
+        return record_index is None or self._is_done(record_index)
 
     def pending_event(self, op) -> simpy.Event:
         return self.pending.pop(op.index)
 
     def issue(self, op) -> None:
         """Put one validated op into play at the current time."""
-        self.issued.append(op)
-        self.done[op.index] = self.env.event()
         now = self.env.now
+        c = None
         if op.op == "copy":
             src, dst = self.buffers[op.src], self.buffers[op.dst]
-            self.clipped[op.id] = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
-            self.oob.extend(self._oob_reports(op, op.plan.extents, src, dst))
+            c = self.clipped[op.id] = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+            if not (np.array_equal(c.copy_len, c.length) and np.array_equal(c.fill_end, c.length)):
+                self.oob.extend(self._oob_reports(op, op.plan.extents, src, dst))
+        if self.online is not None:
+            self.online.issued(op, c)
         if op.stream is not None:
+            if op.op == "wait" and op.bound_record is not None:
+                self._bound[op.index] = self._where[op.bound_record]     # named now, waited for later
+            k = self._issued_on[op.stream] = self._issued_on[op.stream] + 1
+            self._where[op.index] = (op.stream, k)
+            if self._prune_where and len(self._where) > WHERE_PRUNE + 2 * len(self._issued_on):
+                self._forget_where()
             self.queues[op.stream].put(op)
             return
         if op.op == "host_delay":
             ev = self.env.timeout(op.duration_us)
-        elif op.op in ("host_sync", "host_query"):
-            targets = op.sync_targets if (op.op == "host_sync" or op.outcome) else ()
-            ev = self.env.all_of([self.done[i] for i in targets]) if op.op == "host_sync" else None
+        elif op.op == "host_sync":
+            ev = self.env.all_of([e for e in (self._done_event(i) for i in op.sync_targets) if e is not None])
+        elif op.op == "host_query":
+            ev = None
         elif op.op == "barrier":
             inst = self.barriers.setdefault(op.barrier, [len(op.hosts), self.env.event()])
             inst[0] -= 1
             if inst[0] == 0:
                 inst[1].succeed()
+                del self.barriers[op.barrier]
             ev = inst[1]
         else:
             raise AssertionError(f"unknown host op {op.op}")
         if ev is None:
-            self.timings[op.id] = (now, now)
-            self.done[op.index].succeed()
+            if self.keep_all:
+                self.timings[op.id] = (now, now)
             return
+        self._host_busy[op.index] = op
 
         def finish(_e, op=op, t0=now):
-            self.timings[op.id] = (t0, self.env.now)
-            self.done[op.index].succeed()
+            if self.keep_all:
+                self.timings[op.id] = (t0, self.env.now)
+            del self._host_busy[op.index]
         ev.callbacks.append(finish)
         self.pending[op.index] = ev
 
@@ -337,7 +432,9 @@ class Executor:
         batch, self._pending_gate = self._pending_gate, []
         ordered = self.ties.order([op for op, _ in batch])
         if len(batch) > 1:
-            self.tie_orders.append((self.env.now, [o.id for o in ordered]))
+            self.tie_orders_total += 1
+            if self.keep_all or len(self.tie_orders) < TIE_ORDER_LIMIT:
+                self.tie_orders.append((self.env.now, [o.id for o in ordered]))
         events = {id(op): ev for op, ev in batch}
         for i, op in enumerate(ordered):
             # staggered zero-delay events keep the chosen order among the woken processes
@@ -366,45 +463,64 @@ class Executor:
         for name, program in programs.items():
             self.env.process(program(Host(self, name)))
         self.env.run()
-        unfinished = [op for op in self.issued if not self.done[op.index].triggered]
+        unfinished = list(self._running.values()) + [op for q in self.queues.values() for op in q.items] \
+            + list(self._host_busy.values())
         if unfinished:
             hosts = sorted({op.host for op in unfinished if op.stream is None})
             raise InputError("hosts", f"the run ended with ops that never completed "
                              f"({[op.id for op in unfinished[:5]]}); hosts {hosts} are blocked (a barrier "
                              "that some named host never reached)")
-        s = schedule if schedule is not None else self.builder.finish().schedule()
+        if schedule is not None:
+            s, digest = schedule, None
+        else:
+            b = self.builder.finish()
+            s, digest = b.schedule(), b.digest()
+        if self.online is not None and digest is None:
+            digest = s.digest()
         return RunResult(s, self.p, self.mem, self.reads, self.timings, self.tie_orders,
                          self.oob, self.env.now, self.item_end_us, self.access_us,
-                         self.access_seq, self.torn, list(s.unbound))
+                         self.access_seq, self.torn, list(s.unbound), kept=self.keep, online=self.online,
+                         digest=digest, tie_orders_total=self.tie_orders_total)
 
-    def _stream(self, queue):
+    def _stream(self, name: str, queue):
+        keep_all = self.keep_all
         while True:
             op = yield queue.get()
+            self._running[name] = op
             t0 = self.env.now
-            if op.op == "wait":
+            kind = op.op
+            if kind == "wait":
                 if op.bound_record is not None:
-                    yield self.done[op.bound_record]
-            elif op.op == "compute":
+                    ev = self._done_event(op.bound_record, self._bound.pop(op.index))
+                    if ev is not None:
+                        yield ev
+            elif kind == "compute":
                 jitter = max(0.0, 1.0 + self.p.jitter_frac * self.rng.standard_normal())
                 yield self.env.timeout(op.duration_us * jitter)
-            elif op.op in ("read", "write"):
+            elif kind == "read" or kind == "write":
                 yield self._gate(op)
                 t0 = self.env.now
                 yield self.env.timeout(self.p.kernel_launch_us + self._skew())
-                self._advance(self.env.now)
-                self.access_us[op.id] = self.env.now
-                self.access_seq[op.id] = len(self.access_seq)
-                if op.op == "read":
+                now = self.env.now
+                if self.active:
+                    self._advance(now)
+                if keep_all:
+                    self.access_us[op.id] = now
+                    self.access_seq[op.id] = self._n_access
+                self._n_access += 1
+                offs, lens = op.extents
+                if kind == "read":
                     self._capture(op)
                 else:
-                    offs, lens = op.extents
                     self.mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
-                yield self.env.timeout(int(op.extents[1].sum()) / (self.p.hbm_gbps * 1e3))
-            elif op.op == "copy":
+                yield self.env.timeout(int(lens.sum()) / (self.p.hbm_gbps * 1e3))
+            elif kind == "copy":
                 yield from self._copy(op)
-                t0 = self.timings.pop(op.id)[0]
-            self.timings[op.id] = (t0, self.env.now)
-            self.done[op.index].succeed()
+                t0 = self._t0.pop(op.id)
+            if keep_all:
+                self.timings[op.id] = (t0, self.env.now)
+            del self._running[name]
+            self._completed(name)
 
     def _skew(self) -> float:
         """A kernel's launch skew (exponential, mean ``launch_jitter_us``; no draw when it is 0, so
@@ -422,12 +538,12 @@ class Executor:
         if link is not None:
             req = link.request()
             yield req
-        t0 = self.env.now
-        self.timings[op.id] = (t0, t0)
+        t0 = self._t0[op.id] = self.env.now
         start, end = item_times(op.plan, timing)
-        cp = _Copy(op, self.clipped[op.id], np.asarray(start, float), np.asarray(end, float), t0)
+        cp = _Copy(op, self.clipped.pop(op.id), np.asarray(start, float), np.asarray(end, float), t0)
         self.active.append(cp)
-        self.item_end_us[op.id] = cp.end_abs
+        if self.keep_all:
+            self.item_end_us[op.id] = cp.end_abs
         total = float(end.max()) if end.size else 0.0
         yield self.env.timeout(total)
         self._advance(self.env.now)
@@ -454,8 +570,11 @@ class Executor:
             sl = cp.extent_slice(n_done, started)
             done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
             self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)
-        self.reads.append(ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views,
-                                      in_flight))
+        cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight)
+        if self.online is not None:
+            self.online.captured(cap)
+        else:
+            self.reads.append(cap)
 
     def _overlay_partial(self, cp: _Copy, sl: slice, done_b, views, offs, lens):
         c = cp.c
@@ -489,21 +608,34 @@ def _static_program(ops: list) -> HostProgram:
     return program
 
 
-def run_schedule(schedule: Schedule, profile: Profile, **kw) -> RunResult:
-    """Run a static schedule: each of its hosts issues its own ops in list order."""
+def run_schedule(schedule: Schedule, profile: Profile, *, keep: str = "all", **kw) -> RunResult:
+    """Run a static schedule: each of its hosts issues its own ops in list order.
+
+    Keywords: ``seed``, ``ties`` (:class:`TieBreak`), ``torn``, ``materialise``;
+    ``keep="report"`` computes the verdicts while running and keeps only what the
+    report needs (``sim.verdicts.OnlineVerdicts``; ``race_limit`` races listed),
+    ``keep="all"`` (default) keeps every read, timing and item landing time."""
     by_host: dict[str, list] = {h: [] for h in schedule.hosts}
     for op in schedule.ops:
         by_host[op.host].append(op)
-    ex = Executor(schedule.buffers, schedule.streams, profile, **kw)
+    ex = Executor(schedule.buffers, schedule.streams, profile, keep=keep, hosts=schedule.hosts,
+                  static_ops=schedule.ops, **kw)
     return ex.run({h: _static_program(ops) for h, ops in by_host.items()}, schedule)
 
 
-def run_programs(header: dict, programs: dict[str, HostProgram], profile: Profile, **kw) -> RunResult:
+def run_programs(header: dict, programs: dict[str, HostProgram], profile: Profile, *, keep: str = "all",
+                 **kw) -> RunResult:
     """Run host programs against the buffers, streams and events of ``header`` (a
     schedule document; its ``ops``, if any, are ignored; ``hosts`` defaults to the
     programs' names).  Ops are validated as they are issued, without the MAX_OPS
     bound of documents.  The result's ``schedule`` is the recorded run: its
-    ``to_json()`` (``RunResult.recorded``) re-runs statically to the same result."""
+    ``to_json()`` (``RunResult.recorded``) re-runs statically to the same result.
+
+    ``keep="report"``: nothing is kept per op once it has completed (no record, no
+    timings; the verdicts are computed while running, ``sim.verdicts.OnlineVerdicts``),
+    so memory grows with the live state, not with the run's length; the result's
+    ``schedule`` then has the header only, ``RunResult.digest`` is the recorded
+    schedule's digest and ``recorded`` raises.  Other keywords as :func:`run_schedule`."""
     if not isinstance(header, dict):
         raise InputError("", f"a schedule header must be a JSON object, got {type(header).__name__}")
     doc = dict(header)
@@ -511,20 +643,22 @@ def run_programs(header: dict, programs: dict[str, HostProgram], profile: Profil
     doc["kvrace_schedule"] = max(2, doc.get("kvrace_schedule", 2)) if isinstance(doc.get("kvrace_schedule"), int) \
         else doc.get("kvrace_schedule")
     doc.setdefault("hosts", list(programs))
-    builder = ScheduleBuilder(doc, max_ops=None)
+    builder = ScheduleBuilder(doc, max_ops=None, keep_ops=(keep != "report"))
     unknown = sorted(set(programs) - set(builder.hosts))
     if unknown:
         raise InputError("hosts", f"programs for hosts {unknown} that the header does not declare; "
                          f"expected hosts among {list(builder.hosts)}")
-    ex = Executor(builder.buffers, builder.streams, profile, builder=builder, **kw)
+    ex = Executor(builder.buffers, builder.streams, profile, builder=builder, keep=keep, hosts=builder.hosts,
+                  **kw)
     return ex.run(programs)
 
 
-def run_reference(schedule: Schedule, *, materialise: bool = True) -> RunResult:
+def run_reference(schedule: Schedule, *, materialise: bool = True, table=None) -> RunResult:
     """Every op runs to completion, alone, in issue order: the happens-before
     order execution that the corruption verdict compares against (issue order
-    is a topological order of happens-before: every edge points forward)."""
-    mem = Memory(schedule.buffers, materialise=materialise)
+    is a topological order of happens-before: every edge points forward).
+    ``table``: an OriginTable to share (a run's: provenance then compares by id)."""
+    mem = Memory(schedule.buffers, materialise=materialise, table=table)
     reads = []
     for op in schedule.ops:
         if op.op == "copy":

@@ -379,7 +379,8 @@ def _expand_group_pairs(g1, g2, members):
                 buf_a, buf_b, held = [], [], 0
 
 
-def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | None = None) -> RaceScan:
+def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | None = None,
+              access_list: list | None = None) -> RaceScan:
     """Every latent race (see the module doc): the count of racing (buffer, op
     pair)s and the first ``limit`` of them (``None``: all), each a dict with
     ``buffer``; ``a``, ``b`` (the ``Access`` of the earlier and the later op,
@@ -390,12 +391,13 @@ def race_scan(schedule: Schedule, hb: HappensBefore | None = None, limit: int | 
     Cost per buffer: sorting its intervals, the overlapping interval pairs of
     distinct interval sets, and one vectorised happens-before test per
     overlapping access pair (chunked, so memory holds the distinct
-    overlapping interval-set pairs and one chunk, never all access pairs)."""
+    overlapping interval-set pairs and one chunk, never all access pairs).
+    ``access_list``: ``accesses(schedule)``, when the caller has it."""
     hb = hb or HappensBefore(schedule)
     stream = hb.stream_of()
     n_ops = len(schedule.ops)
     by_buffer: dict[str, list[Access]] = {}
-    for acc in accesses(schedule):
+    for acc in (accesses(schedule) if access_list is None else access_list):
         if acc.starts.size:
             by_buffer.setdefault(acc.buffer, []).append(acc)
     listed: list[dict] = []
@@ -681,3 +683,267 @@ def indeterminate_read_bytes(schedule: Schedule, intra: list[dict] | None = None
             if s.size:
                 out[op.index] = _merge_intervals(s, e)
     return out
+
+
+# ----------------------------------------------------------------------------
+# online: clocks and latent races as ops are issued, holding live state only
+
+class OnlineClocks:
+    """The vector clocks of :class:`HappensBefore`, computed one op at a time in
+    issue order (every edge points forward, so an op's clock is known when it is
+    issued), holding only what a later op can refer to: each stream's last op,
+    each event's latest record (the ops a ``wait``, ``host_sync`` or positive
+    ``host_query`` can bind to), each host's clock and the barriers not yet
+    complete.  ``add(op)`` returns the op's ``(component, position, clock)``;
+    the clock must not be modified."""
+
+    def __init__(self, streams, hosts):
+        names = list(streams)
+        self.stream_idx = {n: i for i, n in enumerate(names)}
+        self.host_idx = {h: len(names) + i for i, h in enumerate(hosts)}
+        self.n_comp = len(names) + len(self.host_idx)
+        self.count = np.zeros(self.n_comp, np.int64)
+        self.hc = {h: np.zeros(self.n_comp, np.int64) for h in hosts}
+        self.last: dict[str, tuple[int, np.ndarray]] = {}     # stream -> (op index, clock)
+        self.records: dict[str, tuple[int, np.ndarray]] = {}  # event -> (latest record index, clock)
+        self._by_index: dict[int, np.ndarray] = {}            # clocks later ops may name (see _refs)
+        self._refs: dict[int, int] = {}
+        self._barrier: dict[str, list] = {}
+
+    def _hold(self, i: int, clock) -> None:
+        self._by_index[i] = clock
+        self._refs[i] = self._refs.get(i, 0) + 1
+
+    def _drop(self, i: int) -> None:
+        n = self._refs[i] - 1
+        if n:
+            self._refs[i] = n
+        else:
+            del self._refs[i], self._by_index[i]
+
+    def clock_of(self, i: int) -> np.ndarray:
+        return self._by_index[i]
+
+    def add(self, op):
+        c = self.hc[op.host].copy()
+        if op.stream is not None:
+            k = self.stream_idx[op.stream]
+            prev = self.last.get(op.stream)
+            if prev is not None:
+                np.maximum(c, prev[1], out=c)
+            if op.op == "wait" and op.bound_record is not None:
+                np.maximum(c, self._by_index[op.bound_record], out=c)
+        else:
+            k = self.host_idx[op.host]
+            for t in op.sync_targets:
+                np.maximum(c, self._by_index[t], out=c)
+        self.count[k] += 1
+        c[k] = self.count[k]
+        if op.stream is not None:
+            if prev is not None:
+                self._drop(prev[0])
+            self.last[op.stream] = (op.index, c)
+            self._hold(op.index, c)
+            if op.op == "record":
+                old = self.records.get(op.event)
+                if old is not None:
+                    self._drop(old[0])
+                self.records[op.event] = (op.index, c)
+                self._hold(op.index, c)
+        else:
+            self.hc[op.host] = c
+        if op.op == "barrier":
+            inst = self._barrier.setdefault(op.barrier, [np.zeros(self.n_comp, np.int64), 0])
+            np.maximum(inst[0], c, out=inst[0])
+            inst[1] += 1
+            if inst[1] == len(op.hosts):
+                for h in op.hosts:
+                    self.hc[h] = np.maximum(self.hc[h], inst[0])
+                del self._barrier[op.barrier]
+        return k, int(c[k]), c
+
+    def floor(self) -> np.ndarray:
+        """A lower bound of the clock of every op issued from now on: a later op of
+        stream ``s`` is after ``s``'s last op, and an op of a stream with no op yet is
+        after its host's clock (the smallest of them).  An op ``a`` with
+        ``floor()[comp(a)] >= pos(a)`` happens before every later op."""
+        lows = [c for _, c in self.last.values()]
+        if len(self.last) < len(self.stream_idx):
+            lows.extend(self.hc.values())
+        if not lows:
+            return np.zeros(self.n_comp, np.int64)
+        return np.minimum.reduce(lows)
+
+
+class _LiveBuffer:
+    """One buffer's accesses that may still race a later op: one row per merged
+    interval, columns start, end, op index, the op's clock component and position
+    in it, write (0/1), in an array grown by doubling (``n`` rows used)."""
+
+    START, END, OP, COMP, POS, WRITE = range(6)
+
+    def __init__(self):
+        self.rows = np.zeros((64, 6), np.int64)
+        self.n = 0
+
+    def append(self, s: np.ndarray, e: np.ndarray, op: int, comp: int, pos: int, write: bool) -> None:
+        k = s.size
+        if self.n + k > len(self.rows):
+            grown = np.zeros((max(2 * len(self.rows), self.n + k), 6), np.int64)
+            grown[:self.n] = self.rows[:self.n]
+            self.rows = grown
+        if k == 1:
+            self.rows[self.n] = (int(s[0]), int(e[0]), op, comp, pos, int(write))
+        else:
+            block = self.rows[self.n:self.n + k]
+            block[:, 0], block[:, 1] = s, e
+            block[:, 2:] = (op, comp, pos, int(write))
+        self.n += k
+
+    def keep(self, mask: np.ndarray) -> None:
+        kept = self.rows[:self.n][mask]
+        self.rows[:kept.shape[0]] = kept
+        self.n = kept.shape[0]
+
+
+class RaceTracker:
+    """Latent races found as ops are issued (the definition of :func:`race_scan`:
+    one per (buffer, op pair) whose overlapping byte accesses, at least one a
+    write, are unordered), without keeping every access: an access is dropped
+    once it happens before every op that can still be issued
+    (:meth:`OnlineClocks.floor`), which is what bounds memory by the accesses
+    still live, not by the run's length.
+
+    A new op's accesses are checked against the live accesses of their buffer
+    (the op itself is issued last, so an earlier op is either before it or
+    concurrent).  Every racing pair is counted (``total``); per buffer the
+    ``limit`` smallest (earlier op, later op) pairs are kept with their entry,
+    which is what ``race_scan(s, hb, limit)`` lists: buffers in order of first
+    access, pairs in op order."""
+
+    #: live accesses are pruned when this many were added since the last prune
+    PRUNE_EVERY = 512
+
+    def __init__(self, clocks: OnlineClocks, limit: int | None, describe=None):
+        self.clocks = clocks
+        self.limit = limit
+        self.total = 0
+        self.live: dict[str, _LiveBuffer] = {}          # in order of first access
+        self.kept: dict[str, list] = {}                 # buffer -> max-heap [(-a, -b, n, entry)]
+        self.describe = describe                        # (entry, a info, b info) -> entry
+        self.info: dict[int, tuple] = {}                # live op index -> caller's info (for entries)
+        self._accs: dict[int, list] = {}                # live op index -> [(buffer, write, starts, ends)]
+        self._since_prune = 0
+        self._seq = 0
+
+    def add(self, op_index: int, comp: int, pos: int, clock: np.ndarray, accs: list, info=None) -> None:
+        """Accesses ``accs`` ``[(buffer, write, starts, ends)]`` (merged intervals) of the
+        op just issued, with its clock; ``info`` is kept for race entries."""
+        accs = [a for a in accs if a[2].size]
+        if not accs:
+            return
+        self.info[op_index] = info
+        by_buf: dict[str, list] = {}
+        for a in accs:
+            by_buf.setdefault(a[0], []).append(a)
+        for buf, mine in by_buf.items():
+            lb = self.live.get(buf)
+            if lb is None:
+                lb = self.live[buf] = _LiveBuffer()
+                self.kept[buf] = []
+            if lb.n:
+                rows = lb.rows[:lb.n]
+                S, E = rows[:, 0], rows[:, 1]
+                concurrent = clock[rows[:, 3]] < rows[:, 4]
+                hit_ops = []
+                for _, w, s, e in mine:
+                    if s.size == 1:
+                        m = (S < int(e[0])) & (E > int(s[0]))
+                    else:
+                        j = np.searchsorted(e, S, side="right")
+                        m = (j < s.size) & (s[np.minimum(j, s.size - 1)] < E)
+                    m &= concurrent
+                    if not w:
+                        m &= rows[:, 5] == 1
+                    if m.any():
+                        hit_ops.append(rows[m, 2])
+                if hit_ops:
+                    ops = np.unique(np.concatenate(hit_ops)) if len(hit_ops) > 1 or hit_ops[0].size > 1 \
+                        else hit_ops[0]
+                    self.total += int(ops.size)
+                    if self.limit != 0:
+                        self._keep(buf, ops.tolist(), op_index, mine)
+            for _, w, s, e in mine:
+                lb.append(s, e, op_index, comp, pos, w)
+        self._accs[op_index] = accs
+        self._since_prune += 1
+        if self._since_prune >= self.PRUNE_EVERY:
+            self.prune()
+
+    def _keep(self, buf: str, a_ops: list, b: int, mine: list) -> None:
+        """Keep the pairs (a, b) among the ``limit`` smallest of ``buf`` (a max-heap)."""
+        import heapq
+
+        heap = self.kept[buf]
+        for a in a_ops:
+            full = self.limit is not None and len(heap) >= self.limit
+            if full and (heap[0][0], heap[0][1]) >= (-a, -b):
+                continue                       # not among the smallest `limit` pairs
+            self._seq += 1
+            item = (-a, -b, self._seq, self._entry(buf, a, b, mine))
+            if full:
+                heapq.heapreplace(heap, item)
+            else:
+                heapq.heappush(heap, item)
+
+    def _entry(self, buf: str, a: int, b: int, b_accs: list) -> dict:
+        """The race_scan entry of (a, b) on ``buf`` (a's accesses are live)."""
+        pieces_s, pieces_e, first = [], [], None
+        for x in self._accs[a]:
+            if x[0] != buf:
+                continue
+            for y in b_accs:
+                if not (x[1] or y[1]):
+                    continue
+                s, e, _ = _intersect_sets(x[2], x[3], y[2], y[3])
+                if s.size:
+                    pieces_s.append(s)
+                    pieces_e.append(e)
+                    first = first or (x, y)
+        s, e = _merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
+        entry = {"buffer": buf, "ops": (a, b), "writes": (first[0][1], first[1][1]),
+                 "starts": s[:MAX_RACE_RANGES], "ends": e[:MAX_RACE_RANGES], "n_ranges": int(s.size),
+                 "bytes": int((e - s).sum())}
+        if self.describe is not None:
+            entry = self.describe(entry, self.info.get(a), self.info.get(b))
+        return entry
+
+    def prune(self) -> None:
+        """Drop the accesses that happen before every op still to be issued."""
+        self._since_prune = 0
+        floor = self.clocks.floor()
+        alive_ops = set()
+        for lb in self.live.values():
+            rows = lb.rows[:lb.n]
+            keep = floor[rows[:, 3]] < rows[:, 4]
+            if not keep.all():
+                lb.keep(keep)
+            alive_ops.update(np.unique(lb.rows[:lb.n, 2]).tolist())
+        for i in [i for i in self._accs if i not in alive_ops]:
+            del self._accs[i]
+            self.info.pop(i, None)
+
+    def live_accesses(self) -> int:
+        """Intervals held now (what the tracker's memory follows)."""
+        return sum(lb.n for lb in self.live.values())
+
+    def listed(self, limit: int | None = None) -> list[dict]:
+        """The kept entries, as ``race_scan`` lists them: buffers in order of first
+        access, each buffer's pairs in op order, at most ``limit`` in all."""
+        out = []
+        for buf, heap in self.kept.items():
+            for item in sorted(heap, key=lambda x: (-x[0], -x[1])):
+                if limit is not None and len(out) >= limit:
+                    return out
+                out.append(item[3])
+        return out

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from sim.bytes.pattern import MAX_UNIT_BYTES
-from sim.errors import InputError, check_keys, require, show
+from sim.errors import InputError, check_keys, show
 from sim.pools.layouts import PagedLayout, layout_from_json
 from sim.transfers.routines import ROUTINES, count_out_of_bounds, plan as plan_copy
 
@@ -178,7 +178,7 @@ class Schedule:
     def digest(self) -> str:
         """sha256 of the canonical (format 2) document: a version 1 file and its
         format 2 form are one program and have one digest."""
-        text = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        text = _canonical(self.to_json())
         return hashlib.sha256(text.encode()).hexdigest()
 
     def op(self, op_id: str) -> Op:
@@ -236,7 +236,8 @@ def _list_count(v, where: str) -> int:
         where = f"{where}.count"
     elif isinstance(v, list):
         n = len(v)
-    require(n <= MAX_INDICES, where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {show(n)}")
+    if not (n <= MAX_INDICES):
+        raise InputError(where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {show(n)}")
     return n
 
 
@@ -254,33 +255,36 @@ class _Totals:
 
     def add_indices(self, n: int, where: str) -> None:
         self.indices += n
-        require(not self.documents or self.indices <= MAX_TOTAL_INDICES, where,
-                f"the schedule's index lists would hold {self.indices} indices (each counted once per "
-                f"layer it touches); expected at most MAX_TOTAL_INDICES = {MAX_TOTAL_INDICES}")
+        if not (not self.documents or self.indices <= MAX_TOTAL_INDICES):
+            raise InputError(where,
+                             f"the schedule's index lists would hold {self.indices} indices (each counted once per "
+                             f"layer it touches); expected at most MAX_TOTAL_INDICES = {MAX_TOTAL_INDICES}")
 
     def add_fills(self, n: int, where: str) -> None:
         self.fills += n
-        require(self.fills <= MAX_INIT_FILLS, where,
-                f"the buffers' init entries would fill {self.fills} (entry, layer) pairs; expected at most "
-                f"MAX_INIT_FILLS = {MAX_INIT_FILLS}")
+        if not (self.fills <= MAX_INIT_FILLS):
+            raise InputError(where,
+                             f"the buffers' init entries would fill {self.fills} (entry, layer) pairs; expected at most "
+                             f"MAX_INIT_FILLS = {MAX_INIT_FILLS}")
 
     def add_out_of_bounds(self, n: int, where: str) -> None:
         self.out_of_bounds += n
-        require(self.out_of_bounds <= MAX_OUT_OF_BOUNDS, where,
-                f"the schedule's copies would have {self.out_of_bounds} extent sides outside their buffers "
-                f"(each is reported); expected at most MAX_OUT_OF_BOUNDS = {MAX_OUT_OF_BOUNDS}")
+        if not (self.out_of_bounds <= MAX_OUT_OF_BOUNDS):
+            raise InputError(where,
+                             f"the schedule's copies would have {self.out_of_bounds} extent sides outside their buffers "
+                             f"(each is reported); expected at most MAX_OUT_OF_BOUNDS = {MAX_OUT_OF_BOUNDS}")
 
     def add_read(self, extents: int, nbytes: int, where: str) -> None:
         self.read_extents += extents
         self.read_bytes += nbytes
         if not self.documents:      # host programs (and max_ops=None): reads are held compact
             return
-        require(self.read_extents <= MAX_READ_EXTENTS, where,
-                f"the schedule's reads would touch {self.read_extents} extents; expected at most "
-                f"MAX_READ_EXTENTS = {MAX_READ_EXTENTS}")
-        require(self.read_bytes <= MAX_READ_BYTES, where,
-                f"the schedule's reads would capture {self.read_bytes} bytes; expected at most "
-                f"MAX_READ_BYTES = {MAX_READ_BYTES} (128 MiB)")
+        if not (self.read_extents <= MAX_READ_EXTENTS):
+            raise InputError(where, f"the schedule's reads would touch {self.read_extents} extents; expected at most "
+                             f"MAX_READ_EXTENTS = {MAX_READ_EXTENTS}")
+        if not (self.read_bytes <= MAX_READ_BYTES):
+            raise InputError(where, f"the schedule's reads would capture {self.read_bytes} bytes; expected at most "
+                             f"MAX_READ_BYTES = {MAX_READ_BYTES} (128 MiB)")
 
 
 def _int_list(v, where: str, lo: int = INT_MIN, hi: int = INT_MAX) -> np.ndarray:
@@ -292,17 +296,19 @@ def _int_list(v, where: str, lo: int = INT_MIN, hi: int = INT_MAX) -> np.ndarray
         start = _get(v, "start", where, int)
         count = _get(v, "count", where, int)
         step = _get(v, "step", where, int, default=1)
-        require(0 <= count <= MAX_INDICES, f"{where}.count",
-                f"expected 0..{MAX_INDICES} (MAX_INDICES), got {count}")
+        if not (0 <= count <= MAX_INDICES):
+            raise InputError(f"{where}.count", f"expected 0..{MAX_INDICES} (MAX_INDICES), got {count}")
         if count:
             last = start + step * (count - 1)
             bad = start if not lo <= start <= hi else (last if not lo <= last <= hi else None)
-            require(bad is None, where, f"expected indices in {lo}..{hi}, but start {start}, step {step}, "
-                    f"count {count} reaches {bad}")
+            if not (bad is None):
+                raise InputError(where, f"expected indices in {lo}..{hi}, but start {start}, step {step}, "
+                                 f"count {count} reaches {bad}")
         return start + step * np.arange(count, dtype=np.int64)
     if not isinstance(v, list):
         raise InputError(where, f"expected a list of integers or {{start, count}}, got {show(v)}")
-    require(len(v) <= MAX_INDICES, where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {len(v)}")
+    if not (len(v) <= MAX_INDICES):
+        raise InputError(where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {len(v)}")
     if not v:
         return np.zeros(0, dtype=np.int64)
     if not all(type(x) is int for x in v) or min(v) < lo or max(v) > hi:
@@ -333,8 +339,9 @@ def _label(d: dict, key: str, where: str, *, default=...) -> str:
     """A name (buffer, kind, stream, event, op id): a non-empty string of at most
     MAX_NAME_CHARS characters, so that every message echoing it stays short."""
     v = _get(d, key, where, str, default=default)
-    require(0 < len(v) <= MAX_NAME_CHARS, f"{where}.{key}",
-            f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) characters, got {show(v)}")
+    if not (0 < len(v) <= MAX_NAME_CHARS):
+        raise InputError(f"{where}.{key}",
+                         f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) characters, got {show(v)}")
     return v
 
 
@@ -344,26 +351,32 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
     check_keys(d, {"name", "location", "device", "kind", "layout", "init", "description"}, where)
     name = _label(d, "name", where)
     location = _get(d, "location", where, str)
-    require(location in ("device", "host"), f"{where}.location",
-            f"expected 'device' or 'host', got {show(location)}")
+    if not (location in ("device", "host")):
+        raise InputError(f"{where}.location", f"expected 'device' or 'host', got {show(location)}")
     device = _get(d, "device", where, int, default=0)
-    require(0 <= device <= MAX_DEVICE, f"{where}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
+    if not (0 <= device <= MAX_DEVICE):
+        raise InputError(f"{where}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
     kind = _label(d, "kind", where, default=name)
     layout = layout_from_json(_get(d, "layout", where, dict), f"{where}.layout")
-    require(layout.layers <= MAX_LAYERS, f"{where}.layout.layers",
-            f"expected at most {MAX_LAYERS} (MAX_LAYERS) layers, got {layout.layers}")
-    require(int(layout.nbytes) <= MAX_BUFFER_BYTES, f"{where}.layout",
-            f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 PiB)")
+    if not (layout.layers <= MAX_LAYERS):
+        raise InputError(f"{where}.layout.layers",
+                         f"expected at most {MAX_LAYERS} (MAX_LAYERS) layers, got {layout.layers}")
+    if not (int(layout.nbytes) <= MAX_BUFFER_BYTES):
+        raise InputError(f"{where}.layout",
+                         f"a buffer of {int(layout.nbytes)} bytes; expected at most {MAX_BUFFER_BYTES} (MAX_BUFFER_BYTES, 1 PiB)")
     totals.buffer_bytes += int(layout.nbytes)
-    require(totals.buffer_bytes <= MAX_TOTAL_BUFFER_BYTES, f"{where}.layout",
-            f"a buffer of {int(layout.nbytes)} bytes brings the schedule's buffers to {totals.buffer_bytes} "
-            f"bytes; expected at most {MAX_TOTAL_BUFFER_BYTES} (MAX_TOTAL_BUFFER_BYTES, all buffers together)")
-    require(layout.unit_bytes <= MAX_UNIT_BYTES, f"{where}.layout",
-            f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
-            "(the pattern bytes' unit limit)")
+    if not (totals.buffer_bytes <= MAX_TOTAL_BUFFER_BYTES):
+        raise InputError(f"{where}.layout",
+                         f"a buffer of {int(layout.nbytes)} bytes brings the schedule's buffers to {totals.buffer_bytes} "
+                         f"bytes; expected at most {MAX_TOTAL_BUFFER_BYTES} (MAX_TOTAL_BUFFER_BYTES, all buffers together)")
+    if not (layout.unit_bytes <= MAX_UNIT_BYTES):
+        raise InputError(f"{where}.layout",
+                         f"a unit (page or row) of {layout.unit_bytes} bytes; expected at most {MAX_UNIT_BYTES} "
+                         "(the pattern bytes' unit limit)")
     is_host = type(layout).__name__ == "HostLayout"
-    require(is_host == (location == "host"), f"{where}.layout",
-            f"a {location} buffer needs a {'host' if location == 'host' else 'device (paged/preset)'} layout")
+    if not (is_host == (location == "host")):
+        raise InputError(f"{where}.layout",
+                         f"a {location} buffer needs a {'host' if location == 'host' else 'device (paged/preset)'} layout")
     fills = []
     for j, f in enumerate(_get(d, "init", where, list, default=[])):
         fw = f"{where}.init[{j}]"
@@ -385,8 +398,9 @@ def _parse_buffer(d: Any, where: str, totals: _Totals) -> BufferSpec:
         first_unit = _get(f, "first_unit", fw, int, default=0)
         # unit first_unit + k of the origin starts at pattern byte (first_unit + k) * unit_bytes
         top = INT_MAX // layout.unit_bytes - max(idx.size, 1)
-        require(0 <= first_unit <= top, f"{fw}.first_unit",
-                f"expected 0..{top} (its units' pattern offsets must be int64), got {first_unit}")
+        if not (0 <= first_unit <= top):
+            raise InputError(f"{fw}.first_unit",
+                             f"expected 0..{top} (its units' pattern offsets must be int64), got {first_unit}")
         fills.append(Fill(layers, idx, _get(f, "owner", fw, int, default=-1),
                           _get(f, "version", fw, int, default=1), first_unit))
     return BufferSpec(name, location, device, kind, layout, tuple(fills))
@@ -427,13 +441,17 @@ def _parse_segments(f: dict, fw: str, nbytes: int, totals: _Totals) -> Fill:
             if not ok:
                 raise InputError(f"{sw}[{j}] ({fname})", f"expected {what}, got {show(v)}")
         off, n, kind, layer, owner, version, ub, soff = x
-        require(off >= end, f"{sw}[0] (offset)",
-                f"expected segments disjoint and in address order (offset >= {end}), got {off}")
-        require(0 < n and off + n <= nbytes, f"{sw}[1] (nbytes)",
-                f"expected nbytes > 0 and offset + nbytes <= {nbytes} (the buffer's size), got {n} at {off}")
-        require(0 < ub <= MAX_UNIT_BYTES, f"{sw}[6] (unit_bytes)", f"expected 1..{MAX_UNIT_BYTES}, got {ub}")
-        require(0 <= soff <= INT_MAX - n, f"{sw}[7] (stream_offset)",
-                f"expected 0..{INT_MAX - n} (its pattern offsets must be int64), got {soff}")
+        if not (off >= end):
+            raise InputError(f"{sw}[0] (offset)",
+                             f"expected segments disjoint and in address order (offset >= {end}), got {off}")
+        if not (0 < n and off + n <= nbytes):
+            raise InputError(f"{sw}[1] (nbytes)",
+                             f"expected nbytes > 0 and offset + nbytes <= {nbytes} (the buffer's size), got {n} at {off}")
+        if not (0 < ub <= MAX_UNIT_BYTES):
+            raise InputError(f"{sw}[6] (unit_bytes)", f"expected 1..{MAX_UNIT_BYTES}, got {ub}")
+        if not (0 <= soff <= INT_MAX - n):
+            raise InputError(f"{sw}[7] (stream_offset)",
+                             f"expected 0..{INT_MAX - n} (its pattern offsets must be int64), got {soff}")
         end = off + n
         out.append((off, n, Origin(kind, layer, owner, version, ub), soff))
     return Fill((), np.zeros(0, dtype=np.int64), -1, 0, 0, tuple(out))
@@ -442,21 +460,25 @@ def _parse_segments(f: dict, fw: str, nbytes: int, totals: _Totals) -> Fill:
 def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_ranges: bool):
     keys = [k for k in ("units", "tokens", "ranges") if k in d]
     allowed = "'units' or 'tokens'" + (" or 'ranges'" if allow_ranges else "")
-    require(len(keys) == 1, where, f"expected exactly one of {allowed}, got {keys or 'none'}")
+    if not (len(keys) == 1):
+        raise InputError(where, f"expected exactly one of {allowed}, got {keys or 'none'}")
     key = keys[0]
-    require(allow_ranges or key != "ranges", f"{where}.ranges", f"not allowed here; use {allowed}")
+    if not (allow_ranges or key != "ranges"):
+        raise InputError(f"{where}.ranges", f"not allowed here; use {allowed}")
     lay = buf.layout
     is_read = allow_ranges
     if key == "ranges":
         r = _get(d, "ranges", where, list)
-        require(0 < len(r) <= MAX_INDICES, f"{where}.ranges",
-                f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
+        if not (0 < len(r) <= MAX_INDICES):
+            raise InputError(f"{where}.ranges",
+                             f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
         total = 0
         for k, x in enumerate(r):
             ok = (isinstance(x, list) and len(x) == 2
                   and all(isinstance(y, int) and not isinstance(y, bool) for y in x))
             if not ok:
-                raise InputError(f"{where}.ranges[{k}]", f"expected an [offset, nbytes] pair of integers, got {show(x)}")
+                raise InputError(f"{where}.ranges[{k}]",
+                                 f"expected an [offset, nbytes] pair of integers, got {show(x)}")
             o, n = x
             if not (0 <= o and 0 < n and o + n <= buf.nbytes):
                 raise InputError(f"{where}.ranges[{k}]",
@@ -467,23 +489,27 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
         arr = np.asarray(r, dtype=np.int64).reshape(-1, 2)
         return None, None, (arr[:, 0].copy(), arr[:, 1].copy())
     layer = _get(d, "layer", where, int)
-    require(0 <= layer < lay.layers, f"{where}.layer", f"expected 0..{lay.layers - 1}, got {layer}")
+    if not (0 <= layer < lay.layers):
+        raise InputError(f"{where}.layer", f"expected 0..{lay.layers - 1}, got {layer}")
     count = _list_count(d[key], f"{where}.{key}")
     totals.add_indices(count, f"{where}.{key}")
     if key == "units":
         if is_read:
             totals.add_read(count, count * lay.unit_bytes, f"{where}.units")
         idx = _int_list(d[key], f"{where}.units", 0, lay.units - 1)
-        require(idx.size > 0, f"{where}.{key}", "expected at least one index")
+        if not (idx.size > 0):
+            raise InputError(f"{where}.{key}", "expected at least one index")
         offs = lay.unit_offsets(layer, idx)
         return layer, idx, (np.asarray(offs, dtype=np.int64), np.full(idx.size, lay.unit_bytes, np.int64))
-    require(isinstance(lay, PagedLayout), f"{where}.tokens", "token selection needs a device (paged) layout")
+    if not (isinstance(lay, PagedLayout)):
+        raise InputError(f"{where}.tokens", "token selection needs a device (paged) layout")
     ntok = lay.pages * lay.entries_per_page
     if is_read:
         fields = lay.effective_fields
         totals.add_read(count * len(fields), count * sum(f.entry_bytes for f in fields), f"{where}.tokens")
     idx = _int_list(d[key], f"{where}.tokens", 0, ntok - 1)
-    require(idx.size > 0, f"{where}.{key}", "expected at least one index")
+    if not (idx.size > 0):
+        raise InputError(f"{where}.{key}", "expected at least one index")
     offs, lens = lay.token_extents(layer, idx)          # (tokens, fields): token-major
     return layer, idx, (np.asarray(offs, dtype=np.int64).ravel(), np.asarray(lens, dtype=np.int64).ravel())
 
@@ -511,11 +537,13 @@ class ScheduleBuilder:
     and are bounded per op only.
     """
 
-    def __init__(self, doc: Any, *, max_ops: int | None = MAX_OPS):
-        require(isinstance(doc, dict), "", f"a schedule must be a JSON object, got {type(doc).__name__}")
+    def __init__(self, doc: Any, *, max_ops: int | None = MAX_OPS, keep_ops: bool = True):
+        if not (isinstance(doc, dict)):
+            raise InputError("", f"a schedule must be a JSON object, got {type(doc).__name__}")
         version = doc.get("kvrace_schedule")
-        require(version in SCHEMA_VERSIONS, "kvrace_schedule",
-                f"expected format version {' or '.join(map(str, SCHEMA_VERSIONS))}, got {show(version)}")
+        if not (version in SCHEMA_VERSIONS):
+            raise InputError("kvrace_schedule",
+                             f"expected format version {' or '.join(map(str, SCHEMA_VERSIONS))}, got {show(version)}")
         self.version = version
         keys = {"kvrace_schedule", "name", "description", "buffers", "streams", "events", "ops"}
         check_keys(doc, keys | ({"hosts"} if version >= 2 else set()), "")
@@ -529,17 +557,18 @@ class ScheduleBuilder:
 
         self.buffers: dict[str, BufferSpec] = {}
         buffer_list = _get(doc, "buffers", "", list)
-        require(len(buffer_list) <= MAX_BUFFERS, "buffers",
-                f"expected at most {MAX_BUFFERS} (MAX_BUFFERS) buffers, got {len(buffer_list)}")
+        if not (len(buffer_list) <= MAX_BUFFERS):
+            raise InputError("buffers", f"expected at most {MAX_BUFFERS} (MAX_BUFFERS) buffers, got {len(buffer_list)}")
         for i, b in enumerate(buffer_list):
             spec = _parse_buffer(b, f"buffers[{i}]", self.totals)
-            require(spec.name not in self.buffers, f"buffers[{i}].name", f"duplicate buffer name {show(spec.name)}")
+            if not (spec.name not in self.buffers):
+                raise InputError(f"buffers[{i}].name", f"duplicate buffer name {show(spec.name)}")
             self.buffers[spec.name] = spec
 
         self.streams: dict[str, int] = {}
         stream_list = _get(doc, "streams", "", list)
-        require(len(stream_list) <= MAX_STREAMS, "streams",
-                f"expected at most {MAX_STREAMS} (MAX_STREAMS) streams, got {len(stream_list)}")
+        if not (len(stream_list) <= MAX_STREAMS):
+            raise InputError("streams", f"expected at most {MAX_STREAMS} (MAX_STREAMS) streams, got {len(stream_list)}")
         for i, st in enumerate(stream_list):
             w = f"streams[{i}]"
             if isinstance(st, str):
@@ -548,74 +577,98 @@ class ScheduleBuilder:
                 raise InputError(w, f"expected a name or an object, got {show(st)}")
             check_keys(st, {"name", "device"}, w)
             sname = _label(st, "name", w)
-            require(sname not in self.streams, f"{w}.name", f"duplicate stream name {show(sname)}")
+            if not (sname not in self.streams):
+                raise InputError(f"{w}.name", f"duplicate stream name {show(sname)}")
             device = _get(st, "device", w, int, default=0)
-            require(0 <= device <= MAX_DEVICE, f"{w}.device",
-                    f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
+            if not (0 <= device <= MAX_DEVICE):
+                raise InputError(f"{w}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
             self.streams[sname] = device
         self.events = tuple(_name_list(doc, "events", MAX_EVENTS, "MAX_EVENTS", default=[]))
         self.hosts = tuple(_name_list(doc, "hosts", MAX_HOSTS, "MAX_HOSTS", default=[DEFAULT_HOST]))
-        require(len(self.hosts) > 0, "hosts", "expected at least one host")
+        if not (len(self.hosts) > 0):
+            raise InputError("hosts", "expected at least one host")
 
         self.ops: list[Op] = []
+        self.keep_ops = keep_ops              # False: ops are not kept (a keep="report" run)
+        self.count = 0                        # ops added
         self.unbound: list[dict] = []
-        self._ids: set[str] = set()
+        self._ids = set() if keep_ops else _IdSet()
+        self._digest = None if keep_ops else _DigestStream(self)
         self._last_record: dict[str, int] = {}
         self._last_on_stream: dict[str, int] = {}
         self._barriers: dict[str, dict] = {}     # instance -> {"hosts": tuple, "arrived": set}
         self._blocked: dict[str, str] = {}       # host -> barrier instance it waits at
         self._resolve = None                     # host_query outcomes of a running host (see add)
+        self._kinds = OP_KINDS if self.version >= 2 else tuple(k for k in OP_KINDS if k not in V2_OPS)
+        self._common = frozenset({"op", "id", "note"} | ({"host"} if self.version >= 2 else set()))
+        self._host_set = frozenset(self.hosts)
+        self._parsers = {k: getattr(self, f"_parse_{k}") for k in OP_KINDS}
 
     def add(self, d: Any, *, resolve=None) -> Op:
         """Validate one op (issued now, after every op added so far) and append it.
 
         ``resolve(record_index) -> bool`` gives a ``host_query``'s outcome when the
         op comes from a running host (documents carry their ``outcome``)."""
-        i = len(self.ops)
+        i = self.count
         w = f"ops[{i}]"
-        if self.max_ops is not None:
-            require(i < self.max_ops, w, f"expected at most {self.max_ops} (MAX_OPS) ops")
+        if self.max_ops is not None and not i < self.max_ops:
+            raise InputError(w, f"expected at most {self.max_ops} (MAX_OPS) ops")
         if not isinstance(d, dict):
             raise InputError(w, f"expected an object, got {show(d)}")
-        kind = _get(d, "op", w, str)
-        kinds = OP_KINDS if self.version >= 2 else tuple(k for k in OP_KINDS if k not in V2_OPS)
-        require(kind in kinds, f"{w}.op", f"unknown op {show(kind)}; expected one of {list(kinds)}"
-                + ("" if self.version >= 2 else " (host_query and barrier need kvrace_schedule 2)"))
-        op_id = _label(d, "id", w, default=f"op{i}")
-        require(op_id not in self._ids, f"{w}.id", f"duplicate op id {show(op_id)}")
+        kind = d.get("op")
+        if kind not in self._kinds:
+            kind = _get(d, "op", w, str)
+            raise InputError(f"{w}.op", f"unknown op {show(kind)}; expected one of {list(self._kinds)}"
+                             + ("" if self.version >= 2 else " (host_query and barrier need kvrace_schedule 2)"))
+        if "id" not in d:
+            op_id = f"op{i}"
+        else:
+            op_id = d["id"]
+            if type(op_id) is not str or not 0 < len(op_id) <= MAX_NAME_CHARS:
+                op_id = _label(d, "id", w)
+        if op_id in self._ids:
+            raise InputError(f"{w}.id", f"duplicate op id {show(op_id)}")
         w = f"ops[{i}] ({op_id})"
-        host = _name(d, "host", w, self.hosts, "host") if "host" in d else DEFAULT_HOST
-        require(host in self.hosts, f"{w}.host",
-                f"op of host {show(host)}, which is not declared; expected one of {show(list(self.hosts))}")
+        host = d.get("host", DEFAULT_HOST)
+        if type(host) is not str or host not in self._host_set:
+            host = _name(d, "host", w, self.hosts, "host") if "host" in d else DEFAULT_HOST
+            if host not in self._host_set:
+                raise InputError(f"{w}.host", f"op of host {show(host)}, which is not declared; expected one of "
+                                 f"{show(list(self.hosts))}")
         if host in self._blocked:
             inst = self._blocked[host]
             missing = sorted(set(self._barriers[inst]["hosts"]) - self._barriers[inst]["arrived"])
             raise InputError(w, f"host {show(host)} issues this op after barrier {show(inst)}, which hosts "
                              f"{show(missing)} reach only later in the list; list ops in issue order")
         op = Op(index=i, id=op_id, op=kind, raw=d, host=host)
-        common = {"op", "id", "note"} | ({"host"} if self.version >= 2 else set())
         if kind in STREAM_OPS:
-            op.stream = _name(d, "stream", w, self.streams, "stream")
+            st = d.get("stream")
+            op.stream = st if (type(st) is str and st in self.streams) else _name(d, "stream", w, self.streams,
+                                                                                   "stream")
         self._resolve = resolve
         try:
-            getattr(self, f"_parse_{kind}")(op, d, w, common)
+            self._parsers[kind](op, d, w, self._common)
         finally:
             self._resolve = None
         if op.stream is not None:
             self._last_on_stream[op.stream] = i
         self._ids.add(op_id)
-        self.ops.append(op)
+        self.count += 1
+        if self.keep_ops:
+            self.ops.append(op)
+        else:
+            self._digest.add(op)
         return op
 
     # ---- one parser per op kind
     def _parse_copy(self, op, d, w, common):
-        check_keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
+        _keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
         op.routine = _name(d, "routine", w, ROUTINES, "routine")
         op.src = _name(d, "src", w, self.buffers, "buffer")
         op.dst = _name(d, "dst", w, self.buffers, "buffer")
         src, dst = self.buffers[op.src], self.buffers[op.dst]
-        require(not (src.location == "host" and dst.location == "host"), w,
-                "host-to-host copies are not modelled; expected a device buffer on at least one side")
+        if not (not (src.location == "host" and dst.location == "host")):
+            raise InputError(w, "host-to-host copies are not modelled; expected a device buffer on at least one side")
         args = _get(d, "args", w, dict, default={})
         self.totals.add_indices(_copy_indices(args, src.layout, dst.layout, f"{w}.args"), f"{w}.args.src_indices")
         op.args = _normalise_args(args, f"{w}.args")
@@ -623,36 +676,39 @@ class ScheduleBuilder:
         ext = op.plan.extents
         for side, offs in (("src", ext.src), ("dst", ext.dst)):
             low = int(np.min(offs)) if len(offs) else 0
-            require(low >= 0, f"{w}.args.{side}_indices",
-                    f"the routine addresses byte {low} of {side} {show(getattr(op, side))}, before its start "
-                    "(its 32-bit index arithmetic wraps for these indices); expected indices whose "
-                    "addresses are >= 0")
+            if not (low >= 0):
+                raise InputError(f"{w}.args.{side}_indices",
+                                 f"the routine addresses byte {low} of {side} {show(getattr(op, side))}, before its start "
+                                 "(its 32-bit index arithmetic wraps for these indices); expected indices whose "
+                                 "addresses are >= 0")
         self.totals.add_out_of_bounds(count_out_of_bounds(op.plan.extents, src.nbytes, dst.nbytes), w)
 
     def _parse_read(self, op, d, w, common):
         kind = op.op
         extra = {"owner", "version"} if kind == "write" else set()
-        check_keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
+        _keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
         op.buffer = _name(d, "buffer", w, self.buffers, "buffer")
         op.layer, op.units, op.extents = _selection(d, w, self.buffers[op.buffer], self.totals,
                                                     allow_ranges=(kind == "read"))
         if kind == "write":
-            require("units" in d, f"{w}.units",
-                    "a write names the units it stores (the pattern's unit is the buffer's unit)")
+            if not ("units" in d):
+                raise InputError(f"{w}.units",
+                                 "a write names the units it stores (the pattern's unit is the buffer's unit)")
             op.owner = _get(d, "owner", w, int, default=-1)
             op.version = _get(d, "version", w, int, default=1)
 
     _parse_write = _parse_read
 
     def _parse_compute(self, op, d, w, common):
-        check_keys(d, common | {"stream", "duration_us"}, w)
+        _keys(d, common | {"stream", "duration_us"}, w)
         duration = _get(d, "duration_us", w, (int, float))
-        require(isinstance(duration, float) or abs(duration) <= MAX_DURATION_US, f"{w}.duration_us",
-                f"expected 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
+        if not (isinstance(duration, float) or abs(duration) <= MAX_DURATION_US):
+            raise InputError(f"{w}.duration_us",
+                             f"expected 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
         op.duration_us = float(duration)
-        require(math.isfinite(op.duration_us) and 0 <= op.duration_us <= MAX_DURATION_US,
-                f"{w}.duration_us",
-                f"expected a finite number in 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
+        if not (math.isfinite(op.duration_us) and 0 <= op.duration_us <= MAX_DURATION_US):
+            raise InputError(f"{w}.duration_us",
+                             f"expected a finite number in 0..{MAX_DURATION_US:g} (MAX_DURATION_US), got {show(duration)}")
 
     _parse_host_delay = _parse_compute
 
@@ -666,17 +722,18 @@ class ScheduleBuilder:
                                  "stream": op.stream})
 
     def _parse_record(self, op, d, w, common):
-        check_keys(d, common | {"stream", "event"}, w)
+        _keys(d, common | {"stream", "event"}, w)
         op.event = _name(d, "event", w, self.events, "event")
         self._last_record[op.event] = op.index
 
     def _parse_wait(self, op, d, w, common):
-        check_keys(d, common | {"stream", "event"}, w)
+        _keys(d, common | {"stream", "event"}, w)
         self._bind(op, d, w)
 
     def _parse_host_sync(self, op, d, w, common):
-        check_keys(d, common | {"event", "stream"}, w)
-        require(not ("event" in d and "stream" in d), w, "expected 'event' or 'stream', not both")
+        _keys(d, common | {"event", "stream"}, w)
+        if not (not ("event" in d and "stream" in d)):
+            raise InputError(w, "expected 'event' or 'stream', not both")
         if "event" in d:
             self._bind(op, d, w)
             op.sync_targets = () if op.bound_record is None else (op.bound_record,)
@@ -688,34 +745,38 @@ class ScheduleBuilder:
             op.sync_targets = tuple(self._last_on_stream.values())
 
     def _parse_host_query(self, op, d, w, common):
-        check_keys(d, common | {"event", "outcome"}, w)
+        _keys(d, common | {"event", "outcome"}, w)
         self._bind(op, d, w)
         if self._resolve is not None:
             op.outcome = bool(self._resolve(op.bound_record))
             op.raw = {**d, "outcome": op.outcome}
         else:
             op.outcome = _get(d, "outcome", w, bool)
-            require(op.bound_record is not None or op.outcome, f"{w}.outcome",
-                    f"a query of event {show(op.event)}, which has no record issued before it, reports "
-                    "complete (cudaEventQuery returns cudaSuccess); expected true")
+            if not (op.bound_record is not None or op.outcome):
+                raise InputError(f"{w}.outcome",
+                                 f"a query of event {show(op.event)}, which has no record issued before it, reports "
+                                 "complete (cudaEventQuery returns cudaSuccess); expected true")
         op.sync_targets = (op.bound_record,) if op.outcome and op.bound_record is not None else ()
 
     def _parse_barrier(self, op, d, w, common):
-        check_keys(d, common | {"barrier", "hosts"}, w)
+        _keys(d, common | {"barrier", "hosts"}, w)
         op.barrier = _label(d, "barrier", w)
         hosts = _get(d, "hosts", w, list)
         for k, h in enumerate(hosts):
-            require(isinstance(h, str) and h in self.hosts, f"{w}.hosts[{k}]",
-                    f"expected a declared host {show(list(self.hosts))}, got {show(h)}")
+            if not (isinstance(h, str) and h in self.hosts):
+                raise InputError(f"{w}.hosts[{k}]", f"expected a declared host {show(list(self.hosts))}, got {show(h)}")
         op.hosts = tuple(sorted(set(hosts)))
-        require(op.host in op.hosts, f"{w}.hosts", f"expected the op's own host {show(op.host)} among them")
+        if not (op.host in op.hosts):
+            raise InputError(f"{w}.hosts", f"expected the op's own host {show(op.host)} among them")
         inst = self._barriers.setdefault(op.barrier, {"hosts": op.hosts, "arrived": set()})
-        require(inst["hosts"] == op.hosts, f"{w}.hosts",
-                f"barrier {show(op.barrier)} was first reached with hosts {show(list(inst['hosts']))}; "
-                "every participant names the same hosts")
-        require(op.host not in inst["arrived"], f"{w}.barrier",
-                f"host {show(op.host)} reaches barrier {show(op.barrier)} a second time; name each "
-                "barrier instance once (e.g. 'step_3')")
+        if not (inst["hosts"] == op.hosts):
+            raise InputError(f"{w}.hosts",
+                             f"barrier {show(op.barrier)} was first reached with hosts {show(list(inst['hosts']))}; "
+                             "every participant names the same hosts")
+        if not (op.host not in inst["arrived"]):
+            raise InputError(f"{w}.barrier",
+                             f"host {show(op.host)} reaches barrier {show(op.barrier)} a second time; name each "
+                             "barrier instance once (e.g. 'step_3')")
         inst["arrived"].add(op.host)
         if inst["arrived"] == set(op.hosts):
             for h in op.hosts:
@@ -728,26 +789,125 @@ class ScheduleBuilder:
         """Check that the list is complete: every barrier reached by all its hosts."""
         for name, inst in self._barriers.items():
             missing = sorted(set(inst["hosts"]) - inst["arrived"])
-            require(not missing, "ops", f"barrier {show(name)} is never reached by host(s) {show(missing)}: "
-                    "the hosts waiting at it would block forever (deadlock)")
+            if not (not missing):
+                raise InputError("ops", f"barrier {show(name)} is never reached by host(s) {show(missing)}: "
+                                 "the hosts waiting at it would block forever (deadlock)")
         return self
 
+    def digest(self) -> str:
+        """The digest of the schedule built so far (``Schedule.digest``), also when ops
+        are not kept."""
+        return self.schedule().digest() if self.keep_ops else self._digest.hexdigest()
+
     def schedule(self) -> Schedule:
+        """The schedule built so far (without ``keep_ops``: its header, no ops)."""
         raw = dict(self.doc)
         raw["ops"] = [op.raw for op in self.ops]
         return Schedule(self.name, self.description, self.buffers, self.streams, self.events, self.ops,
                         raw, self.hosts, list(self.unbound))
 
 
+def _keys(d: dict, allowed: set, where: str) -> None:
+    """``check_keys(d, allowed, where)``, with the common case (no unknown key) decided by
+    one set comparison (this runs once per op)."""
+    if not d.keys() <= allowed:
+        check_keys(d, allowed, where)
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
+
+
+def _canonical(doc) -> str:
+    """The text a digest is taken of (``Schedule.digest``)."""
+    return _CANONICAL.encode(doc)
+
+
+class _DigestStream:
+    """``Schedule.digest`` of a schedule whose ops are not kept: the canonical
+    document is hashed as it is built (its text up to the ops list, each op as
+    added, then the rest)."""
+
+    _MARK = "kvrace-ops-placeholder"
+
+    def __init__(self, builder: "ScheduleBuilder"):
+        doc = {k: v for k, v in builder.doc.items() if k != "ops"}
+        doc["kvrace_schedule"] = SCHEMA_VERSION
+        doc["hosts"] = list(builder.hosts)
+        doc["ops"] = [self._MARK]
+        text = _canonical(doc)
+        cut = text.index(json.dumps(self._MARK))
+        self._head, self._tail = text[:cut], text[cut + len(json.dumps(self._MARK)):]
+        self._h = hashlib.sha256(self._head.encode())
+        self._first = True
+        self._batch: list[dict] = []
+
+    BATCH = 256
+
+    def add(self, op: Op) -> None:
+        self._batch.append({**op.raw, "id": op.id, "host": op.host})
+        if len(self._batch) >= self.BATCH:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._batch:
+            text = _canonical(self._batch)[1:-1]        # the ops, comma-separated
+            self._h.update((text if self._first else "," + text).encode())
+            self._first = False
+            self._batch = []
+
+    def hexdigest(self) -> str:
+        self._flush()
+        h = self._h.copy()
+        h.update(self._tail.encode())
+        return h.hexdigest()
+
+
+class _IdSet:
+    """The op ids seen, for the duplicate check of a run that keeps no ops: recent ids
+    in a set, older ones as sorted 64-bit hashes (8 bytes an id, not a string).
+
+    NOTE: two different ids whose 64-bit hashes (Python's ``hash``, fixed within a process,
+    which is all one run needs) collide would be refused as a duplicate; at a million ids
+    the chance is about 3e-8."""
+
+    RECENT = 1 << 14
+
+    def __init__(self):
+        self._recent: set[str] = set()
+        self._old = np.zeros(0, dtype=np.uint64)
+
+    @staticmethod
+    def _hash(s: str) -> int:
+        return hash(s) & 0xFFFF_FFFF_FFFF_FFFF
+
+    def __contains__(self, s: str) -> bool:
+        if s in self._recent:
+            return True
+        if not self._old.size:
+            return False
+        h = np.uint64(self._hash(s))
+        k = int(np.searchsorted(self._old, h))
+        return k < self._old.size and self._old[k] == h
+
+    def add(self, s: str) -> None:
+        self._recent.add(s)
+        if len(self._recent) >= self.RECENT:
+            new = np.fromiter((self._hash(x) for x in self._recent), np.uint64, len(self._recent))
+            self._old = np.sort(np.concatenate([self._old, new]))
+            self._recent = set()
+
+
 def _name_list(doc: dict, key: str, limit: int, limit_name: str, *, default) -> list[str]:
     """A list of unique names (events, hosts) of at most ``limit`` entries."""
     names = _get(doc, key, "", list, default=default)
-    require(len(names) <= limit, key, f"expected at most {limit} ({limit_name}) {key}, got {len(names)}")
+    if not (len(names) <= limit):
+        raise InputError(key, f"expected at most {limit} ({limit_name}) {key}, got {len(names)}")
     for i, e in enumerate(names):
         if not isinstance(e, str) or not 0 < len(e) <= MAX_NAME_CHARS:
             raise InputError(f"{key}[{i}]", f"expected a name of 1..{MAX_NAME_CHARS} (MAX_NAME_CHARS) "
                              f"characters, got {show(e)}")
-    require(len(set(names)) == len(names), key, f"duplicate {key[:-1]} names")
+    if not (len(set(names)) == len(names)):
+        raise InputError(key, f"duplicate {key[:-1]} names")
     return names
 
 
@@ -756,7 +916,8 @@ def validate(doc: Any, *, max_ops: int | None = MAX_OPS) -> Schedule:
     b = ScheduleBuilder(doc, max_ops=max_ops)
     op_list = _get(doc, "ops", "", list)
     if max_ops is not None:
-        require(len(op_list) <= max_ops, "ops", f"expected at most {max_ops} (MAX_OPS) ops, got {len(op_list)}")
+        if not (len(op_list) <= max_ops):
+            raise InputError("ops", f"expected at most {max_ops} (MAX_OPS) ops, got {len(op_list)}")
     for d in op_list:
         b.add(d)
     return b.finish().schedule()
@@ -772,8 +933,9 @@ def load(path: str) -> Schedule:
     recursion limit is refused; each problem is an InputError."""
     try:
         size = os.path.getsize(path)
-        require(size <= MAX_FILE_BYTES, "", f"{show(path)} is {size} bytes; expected at most "
-                f"{MAX_FILE_BYTES} (MAX_FILE_BYTES, 64 MiB)")
+        if not (size <= MAX_FILE_BYTES):
+            raise InputError("", f"{show(path)} is {size} bytes; expected at most "
+                             f"{MAX_FILE_BYTES} (MAX_FILE_BYTES, 64 MiB)")
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:

@@ -38,8 +38,11 @@ import hashlib
 import numpy as np
 
 from sim.bytes.describe import describe
-from sim.executor import RunResult, run_reference
-from sim.hb import HappensBefore, accesses, indeterminate_read_bytes, intra_launch_races, race_scan
+from sim.errors import InputError
+from sim.executor import ReadCapture, RunResult, run_reference
+from sim.hb import (HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, _merge_intervals,
+                    _subtract, accesses, double_written, indeterminate_read_bytes, intra_launch_races,
+                    race_scan)
 from sim.memory import Memory, clip_extents, oob_origin
 
 MAX_DESCRIBE = 16
@@ -103,7 +106,10 @@ def _indeterminate_masks(obs, ranges) -> list[np.ndarray]:
 
 
 def _same_provenance(vo, vr) -> bool:
-    a, b = vo.compact.canonical_segments(), vr.compact.canonical_segments()
+    if vo.compact.table is vr.compact.table:      # one origin table: ids name origins
+        a, b = vo.compact.coalesced_segments(), vr.compact.coalesced_segments()
+    else:
+        a, b = vo.compact.canonical_segments(), vr.compact.canonical_segments()
     return vo.compact.nbytes == vr.compact.nbytes and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
@@ -166,16 +172,21 @@ def _candidate_writers(s, intra: list[dict], table) -> dict[int, list]:
         src_spec, dst_spec = s.buffers[op.src], s.buffers[op.dst]
         c = clip_extents(op.plan.extents, src_spec.nbytes, dst_spec.nbytes)
         if op.index in racy:
-            dw = racy[op.index]["written"]
-            pieces = []
-            for lo, hi, items in list(zip(dw.piece_starts.tolist(), dw.piece_ends.tolist(),
-                                          dw.piece_items))[:INTRA_DESCRIBED_RANGES]:
-                pieces.append({"range": [lo, hi], "items": int(items.size),
-                               "writers": [_what_item_leaves(mem, op, c, item, lo, hi)
-                                           for item in items[:INTRA_WRITERS].tolist()]})
-            out[op.index] = pieces
+            out[op.index] = _copy_candidates(mem, op, c, racy[op.index]["written"])
         mem.apply_copy(op.src, op.dst, c)
     return out
+
+
+def _copy_candidates(mem, op, c, dw) -> list:
+    """The candidates of one intra-launch race (``dw``: its DoubleWritten) from ``mem``,
+    the happens-before-order memory just before the copy."""
+    pieces = []
+    for lo, hi, items in list(zip(dw.piece_starts.tolist(), dw.piece_ends.tolist(),
+                                  dw.piece_items))[:INTRA_DESCRIBED_RANGES]:
+        pieces.append({"range": [lo, hi], "items": int(items.size),
+                       "writers": [_what_item_leaves(mem, op, c, item, lo, hi)
+                                   for item in items[:INTRA_WRITERS].tolist()]})
+    return pieces
 
 
 def _what_item_leaves(mem, op, c, item: int, lo: int, hi: int) -> dict:
@@ -219,89 +230,97 @@ def read_digest(read) -> str:
     return h.hexdigest()
 
 
-def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int | None = RACE_LIMIT) -> dict:
-    """The report of one run (see the module doc); ``race_limit`` caps the
-    listed latent races (``None``: list all)."""
-    s = run.schedule
-    reference = reference or run_reference(s, materialise=run.memory.material is not None)
-    ref_reads = {r.op_id: r for r in reference.reads}
-    intra = intra_launch_races(s)
-    indeterminate = indeterminate_read_bytes(s, intra)
-    reads = []
-    for r in run.reads:
-        ref = ref_reads[r.op_id]
-        layout = s.buffers[r.buffer].layout
-        ind = indeterminate.get(r.index)
-        masks = _indeterminate_masks(r, ind)
+def read_entry(r, ref, layout, ind, *, detail: bool = True) -> dict:
+    """The report entry of one read ``r`` (a ReadCapture) against the same read ``ref``
+    of the happens-before-order execution; ``ind``: its indeterminate bytes (merged
+    starts, ends) or None.  ``detail=False`` leaves out what only explains a read
+    (provenance, position, copies in flight) when the read is ``ok``."""
+    masks = _indeterminate_masks(r, ind)
+    same = _same_views(r, ref)
+    if same:        # the common case, decided in O(segments)
+        status, first, differing = ("indeterminate" if any(m.any() for m in masks) else "ok"), None, 0
+    else:
         status, first, differing = _classify(r, ref, layout.unit_bytes, masks)
-        entry = {
-            "op": r.op_id, "stream": r.stream, "buffer": r.buffer, "time_us": round(r.time_us, 4),
-            "nbytes": r.nbytes, "status": status, "bytes_differing": differing,
-            "bytes_indeterminate": int(sum(int(m.sum()) for m in masks)),
-            "indeterminate_ranges": ([] if ind is None else
-                                     [[int(x), int(y)] for x, y in zip(ind[0][:8], ind[1][:8])]),
-            # NOTE: by provenance (O(segments)): hashing the bytes would materialise every read;
-            # the Snapshot (snapshot_of) carries the bytes themselves
-            "provenance_sha256": read_digest(r),
-            "expected_provenance_sha256": read_digest(ref),
-            "position": _position(layout, r.offsets[0]),
-            "provenance": [p for v in r.views for p in _describe_view(v, 0, v.compact.nbytes)][:MAX_DESCRIBE],
-            "copies_in_flight": r.in_flight,
-        }
-        if first is not None:
-            first["position"] = _position(layout, first["offset"])
-            entry["first_mismatch"] = first
-            entry["expected_provenance"] = [p for v in ref.views
-                                            for p in _describe_view(v, 0, v.compact.nbytes)][:MAX_DESCRIBE]
-        reads.append(entry)
+    digest = read_digest(r)
+    entry = {
+        "op": r.op_id, "stream": r.stream, "buffer": r.buffer, "time_us": round(r.time_us, 4),
+        "nbytes": r.nbytes, "status": status, "bytes_differing": differing,
+        "bytes_indeterminate": int(sum(int(m.sum()) for m in masks)),
+        "indeterminate_ranges": ([] if ind is None else
+                                 [[int(x), int(y)] for x, y in zip(ind[0][:8], ind[1][:8])]),
+        # NOTE: by provenance (O(segments)): hashing the bytes would materialise every read;
+        # the Snapshot (snapshot_of) carries the bytes themselves.  Equal provenance (an ok
+        # read) has one digest: computed once.
+        "provenance_sha256": digest,
+        "expected_provenance_sha256": digest if same else read_digest(ref),
+    }
+    if not detail and status == "ok":
+        return entry
+    entry["position"] = _position(layout, r.offsets[0])
+    entry["provenance"] = [p for v in r.views for p in _describe_view(v, 0, v.compact.nbytes)][:MAX_DESCRIBE]
+    entry["copies_in_flight"] = r.in_flight
+    if first is not None:
+        first["position"] = _position(layout, first["offset"])
+        entry["first_mismatch"] = first
+        entry["expected_provenance"] = [p for v in ref.views
+                                        for p in _describe_view(v, 0, v.compact.nbytes)][:MAX_DESCRIBE]
+    return entry
 
-    initial = Memory(s.buffers, materialise=False, table=reference.memory.table)
-    races = []
-    hb = HappensBefore(s)
-    scan = race_scan(s, hb, race_limit)
-    for race in scan.races:
-        a, b = s.ops[race["a"].op], s.ops[race["b"].op]
-        layout = s.buffers[race["buffer"]].layout
-        lo, hi = int(race["starts"][0]), int(race["ends"][0])
-        races.append({
-            "buffer": race["buffer"],
-            "ops": [a.id, b.id],
-            "kinds": [f"{a.op} ({'write' if race['a'].write else 'read'})",
-                      f"{b.op} ({'write' if race['b'].write else 'read'})"],
-            "streams": [a.stream, b.stream],
-            "bytes": race["bytes"],
-            "n_ranges": race["n_ranges"],
-            "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:8], race["ends"][:8])],
-            "first_range": [lo, hi],
-            "position": _position(layout, lo),
-            "layer": _position(layout, lo).get("layer"),
-            "old_bytes": _describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
-            "new_bytes": _describe(reference.memory.compact[race["buffer"]], lo, hi - lo, max_items=4),
-        })
 
-    writers = _candidate_writers(s, intra, reference.memory.table) if intra else {}
-    intra_report = []
-    for race in intra:
-        op = s.ops[race["op"]]
-        layout = s.buffers[race["buffer"]].layout
-        lo = int(race["starts"][0])
-        intra_report.append({
-            "op": op.id, "routine": op.routine, "stream": op.stream, "buffer": race["buffer"],
-            "bytes": race["bytes"], "n_ranges": int(race["starts"].size),
-            "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:INTRA_RANGES],
-                                                          race["ends"][:INTRA_RANGES])],
-            "items": int(np.unique(np.concatenate(race["items"])).size),
-            "pieces": int(race["written"].piece_starts.size),
-            "position": _position(layout, lo),
-            "candidates": writers.get(race["op"], []),
-        })
+def _same_views(r, ref) -> bool:
+    """Both reads saw the same provenance in every view."""
+    return len(r.views) == len(ref.views) and all(
+        vo.offset == vr.offset and _same_provenance(vo, vr) for vo, vr in zip(r.views, ref.views))
 
-    placement = [pc for op in s.ops if op.op == "copy" for pc in [placement_check(s, op)] if pc]
 
+def _race_report(buffers, race: dict, ops: tuple, kinds: tuple, streams: tuple, initial, final) -> dict:
+    """One ``latent_races`` entry: ``race`` has ``buffer``, ``starts``/``ends``,
+    ``n_ranges``, ``bytes``; ``ops``/``kinds``/``streams`` name its two ops;
+    ``initial``/``final``: the memories its old and new bytes are described from."""
+    layout = buffers[race["buffer"]].layout
+    lo, hi = int(race["starts"][0]), int(race["ends"][0])
+    return {
+        "buffer": race["buffer"],
+        "ops": list(ops),
+        "kinds": list(kinds),
+        "streams": list(streams),
+        "bytes": race["bytes"],
+        "n_ranges": race["n_ranges"],
+        "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:8], race["ends"][:8])],
+        "first_range": [lo, hi],
+        "position": _position(layout, lo),
+        "layer": _position(layout, lo).get("layer"),
+        "old_bytes": _describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
+        "new_bytes": _describe(final.compact[race["buffer"]], lo, hi - lo, max_items=4),
+    }
+
+
+def _kind(op_kind: str, write: bool) -> str:
+    return f"{op_kind} ({'write' if write else 'read'})"
+
+
+def _intra_report(op, race: dict, layout, candidates: list) -> dict:
+    lo = int(race["starts"][0])
+    return {
+        "op": op.id, "routine": op.routine, "stream": op.stream, "buffer": race["buffer"],
+        "bytes": race["bytes"], "n_ranges": int(race["starts"].size),
+        "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:INTRA_RANGES],
+                                                      race["ends"][:INTRA_RANGES])],
+        "items": int(np.unique(np.concatenate(race["items"])).size),
+        "pieces": int(race["written"].piece_starts.size),
+        "position": _position(layout, lo),
+        "candidates": candidates,
+    }
+
+
+def _report(run: RunResult, *, name: str, digest: str, reads: list, races: list, races_total: int,
+            intra: list, unbound: list, placement: list, timings: dict, accesses_list: list,
+            tie_orders: list) -> dict:
+    buffers = run.memory.specs
     return {
         "kvrace_report": 1,
-        "schedule": s.name,
-        "schedule_digest": s.digest(),
+        "schedule": name,
+        "schedule_digest": digest,
         "profile": run.profile.name if run.profile else None,
         "profile_calibrated": run.profile.calibrated if run.profile else None,
         "reads": reads,
@@ -312,28 +331,70 @@ def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int 
         "indeterminate_reads": sum(r["status"] == "indeterminate" for r in reads),
         "reads_with_indeterminate_bytes": sum(r["bytes_indeterminate"] > 0 for r in reads),
         "latent_races": races,
-        "latent_races_total": scan.total,
-        "intra_launch_races": intra_report,
+        "latent_races_total": races_total,
+        "intra_launch_races": intra,
         # waits / host syncs / queries issued before any record of their event: CUDA makes
         # them no-ops (a query reports complete), so they order nothing
-        "unbound_waits": list(s.unbound),
+        "unbound_waits": list(unbound),
         "oob_writes": [o for o in run.oob if o["side"] == "dst"],
         "oob_reads": [o for o in run.oob if o["side"] == "src"],
         "placement": placement,
         "buffers": {name: {"nbytes": spec.nbytes,
                            "sha256": run.memory.digest(name)}
-                    for name, spec in s.buffers.items()},
-        "timings_us": {k: [round(a, 4), round(b, 4)] for k, (a, b) in run.timings.items()},
-        "accesses": [{"op": s.ops[acc.op].id, "stream": s.ops[acc.op].stream, "buffer": acc.buffer,
+                    for name, spec in buffers.items()},
+        "timings_us": {k: [round(a, 4), round(b, 4)] for k, (a, b) in timings.items()},
+        "accesses": accesses_list,
+        "tie_orders": [[round(t, 4), ids] for t, ids in tie_orders],
+        "end_us": round(run.end_us, 4),
+    }
+
+
+def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int | None = RACE_LIMIT) -> dict:
+    """The report of one run (see the module doc); ``race_limit`` caps the
+    listed latent races (``None``: list all).
+
+    A run made with ``keep="report"`` carries its verdicts, computed while it ran
+    (:class:`OnlineVerdicts`); the report is then assembled from them (``reference``
+    must be None and ``race_limit`` at most the run's)."""
+    if run.online is not None:
+        if reference is not None:
+            raise InputError("reference", "a keep='report' run was compared with its reference while it "
+                             "ran; expected reference=None")
+        return run.online.report(run, race_limit)
+    s = run.schedule
+    table = run.memory.table
+    reference = reference or run_reference(s, materialise=run.memory.material is not None, table=table)
+    ref_reads = {r.op_id: r for r in reference.reads}
+    intra = intra_launch_races(s)
+    indeterminate = indeterminate_read_bytes(s, intra)
+    reads = [read_entry(r, ref_reads[r.op_id], s.buffers[r.buffer].layout, indeterminate.get(r.index))
+             for r in run.reads]
+
+    initial = Memory(s.buffers, materialise=False, table=reference.memory.table)
+    hb = HappensBefore(s)
+    acc_list = accesses(s)
+    scan = race_scan(s, hb, race_limit, acc_list)
+    races = []
+    for race in scan.races:
+        a, b = s.ops[race["a"].op], s.ops[race["b"].op]
+        races.append(_race_report(s.buffers, race, (a.id, b.id),
+                                  (_kind(a.op, race["a"].write), _kind(b.op, race["b"].write)),
+                                  (a.stream, b.stream), initial, reference.memory))
+
+    writers = _candidate_writers(s, intra, reference.memory.table) if intra else {}
+    intra_report = [_intra_report(s.ops[race["op"]], race, s.buffers[race["buffer"]].layout,
+                                  writers.get(race["op"], [])) for race in intra]
+    placement = [pc for op in s.ops if op.op == "copy" for pc in [placement_check(s, op)] if pc]
+    accesses_list = [{"op": s.ops[acc.op].id, "stream": s.ops[acc.op].stream, "buffer": acc.buffer,
                       "access": "write" if acc.write else "read", "ranges": int(acc.starts.size),
                       "bytes": int((acc.ends - acc.starts).sum()),
                       "first_range": [int(acc.starts[0]), int(acc.ends[0])] if acc.starts.size else None,
                       "start_us": round(run.timings.get(s.ops[acc.op].id, (0.0, 0.0))[0], 4),
                       "end_us": round(run.timings.get(s.ops[acc.op].id, (0.0, 0.0))[1], 4)}
-                     for acc in accesses(s)],
-        "tie_orders": [[round(t, 4), ids] for t, ids in run.tie_orders],
-        "end_us": round(run.end_us, 4),
-    }
+                     for acc in acc_list]
+    return _report(run, name=s.name, digest=s.digest(), reads=reads, races=races, races_total=scan.total,
+                   intra=intra_report, unbound=s.unbound, placement=placement, timings=run.timings,
+                   accesses_list=accesses_list, tie_orders=run.tie_orders)
 
 
 def summary_text(rep: dict) -> str:
@@ -454,3 +515,151 @@ def placement_check(s, op, max_bytes: int = 1 << 24) -> dict | None:
 
 def _pos_text(pos: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in pos.items() if k != "offset")
+
+
+# ----------------------------------------------------------------------------
+# verdicts while a run runs (keep="report")
+
+class OnlineVerdicts:
+    """The verdicts of :func:`analyse`, computed while the run runs, holding live
+    state only (what ``keep="report"`` runs use; the report equals ``analyse`` of
+    the same run kept whole, except what it leaves out, listed below).
+
+    Each op is taken in issue order (a topological order of happens-before): it
+    is applied to the happens-before-order memory (the reference, sharing the
+    run's origin table, so provenance compares by id), its clock is computed
+    (:class:`~sim.hb.OnlineClocks`), its byte accesses are checked against the
+    live accesses of their buffers (:class:`~sim.hb.RaceTracker`), an
+    intra-launch race is found and its candidates described from the memory just
+    before it, and indeterminate bytes are followed.  A read's expected views are
+    held until the run captures the read; then its entry is made and both are
+    dropped.
+
+    Left out of the report, because they grow with the run's length:
+    ``timings_us`` and ``accesses`` are empty; an ``ok`` read's entry has no
+    ``position``, ``provenance`` or ``copies_in_flight``; ``tie_orders`` holds the
+    first ``sim.executor.TIE_ORDER_LIMIT`` (``tie_orders_total`` counts all).  Latent races
+    are listed up to ``race_limit`` (given to the run)."""
+
+    def __init__(self, buffers: dict, streams, hosts, table, *, race_limit: int | None = RACE_LIMIT,
+                 ops: list | None = None):
+        self.buffers = buffers
+        self.race_limit = race_limit
+        self.ref = Memory(buffers, materialise=False, table=table)
+        self.clocks = OnlineClocks(streams, hosts)
+        self.races = RaceTracker(self.clocks, race_limit, describe=self._race_entry)
+        self._ops = ops                       # a static schedule's list (taken ahead, in list order)
+        self._next = 0
+        self._indet: dict[str, tuple] = {}    # buffer -> merged indeterminate (starts, ends)
+        self._expected: dict[int, tuple] = {} # read op index -> (expected views, indeterminate ranges)
+        self.reads: list[dict] = []
+        self.intra: list[dict] = []
+        self.placement: list[dict] = []
+        self.taken = 0
+
+    # ---- ops, in issue order
+    def issued(self, op, clipped=None) -> None:
+        """The executor issued ``op`` (a copy with its clipped extents): take it (for a
+        static schedule, every op of the list up to it, in list order)."""
+        if self._ops is None:
+            self._take(op, clipped)
+            return
+        while self._next <= op.index:
+            o = self._ops[self._next]
+            self._take(o, clipped if o is op else None)
+            self._next += 1
+
+    def _take(self, op, clipped=None) -> None:
+        self.taken += 1
+        comp, pos, clock = self.clocks.add(op)
+        kind = op.op
+        if kind == "copy":
+            accs = self._copy(op, clipped)
+        elif kind == "write":
+            offs, lens = op.extents
+            ws, we = _merge(offs, lens)
+            self.ref.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+            if op.buffer in self._indet:
+                self._indet[op.buffer] = _subtract(*self._indet[op.buffer], ws, we)
+            accs = [(op.buffer, True, ws, we)]
+        elif kind == "read":
+            offs, lens = op.extents
+            rs, re_ = _merge(offs, lens)
+            ind = None
+            if op.buffer in self._indet:
+                s, e, _ = _intersect_sets(rs, re_, *self._indet[op.buffer])
+                ind = _merge_intervals(s, e) if s.size else None
+            self._expected[op.index] = ([self.ref.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)],
+                                        ind)
+            accs = [(op.buffer, False, rs, re_)]
+        else:
+            return
+        self.races.add(op.index, comp, pos, clock, accs, (op.id, op.op, op.stream))
+
+    def _copy(self, op, c=None) -> list:
+        src, dst = self.buffers[op.src], self.buffers[op.dst]
+        c = c if c is not None else clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+        dw = None
+        if c.item.size >= 2 and not bool((c.item == c.item[0]).all()):
+            dw = double_written(c.dst, c.dst + c.fill_end, c.item)
+            if dw.starts.size:
+                race = {"buffer": op.dst, "starts": dw.starts, "ends": dw.ends, "bytes": dw.nbytes,
+                        "items": dw.items, "written": dw}
+                self.intra.append(_intra_report(op, race, dst.layout, _copy_candidates(self.ref, op, c, dw)))
+            else:
+                dw = None
+        if self._indet or dw is not None:
+            z = np.zeros(0, np.int64)
+            ss, se = self._indet.get(op.src, (z, z))
+            ps, pe, pi = _intersect_sets(c.src, c.src + c.copy_len, ss, se)
+            moved_s, moved_e = ps + (c.dst - c.src)[pi], pe + (c.dst - c.src)[pi]
+            ds, de = self._indet.get(op.dst, (z, z))
+            ws, we = _merge_intervals(c.dst, c.dst + c.fill_end)
+            ds, de = _subtract(ds, de, ws, we)
+            add_s, add_e = [ds, moved_s], [de, moved_e]
+            if dw is not None:
+                add_s.append(dw.starts)
+                add_e.append(dw.ends)
+            merged = _merge_intervals(np.concatenate(add_s), np.concatenate(add_e))
+            if merged[0].size:
+                self._indet[op.dst] = merged
+            else:
+                self._indet.pop(op.dst, None)
+        pc = placement_check(self, op)
+        if pc:
+            self.placement.append(pc)
+        self.ref.apply_copy(op.src, op.dst, c)
+        return [(op.src, False, *_merge(c.src, np.minimum(c.length, c.fill_start))),
+                (op.dst, True, *_merge(c.dst, c.fill_end))]
+
+    @staticmethod
+    def _race_entry(entry: dict, a_info, b_info) -> dict:
+        (a_id, a_kind, a_stream), (b_id, b_kind, b_stream) = a_info, b_info
+        wa, wb = entry.pop("writes")
+        entry["ids"] = (a_id, b_id)
+        entry["kinds"] = (_kind(a_kind, wa), _kind(b_kind, wb))
+        entry["streams"] = (a_stream, b_stream)
+        return entry
+
+    # ---- reads, as the run captures them
+    def captured(self, r: ReadCapture) -> None:
+        """The run captured read ``r``: compare it with its expected views and keep its entry."""
+        views, ind = self._expected.pop(r.index)
+        ref = ReadCapture(r.op_id, r.index, r.stream, r.buffer, float(r.index), r.offsets, r.lengths, views)
+        self.reads.append(read_entry(r, ref, self.buffers[r.buffer].layout, ind, detail=False))
+
+    # ---- the report
+    def report(self, run: RunResult, race_limit: int | None = RACE_LIMIT) -> dict:
+        if self.race_limit is not None and (race_limit is None or race_limit > self.race_limit):
+            raise InputError("race_limit", f"this run kept the first {self.race_limit} latent races; expected "
+                             f"race_limit <= {self.race_limit} (give a larger race_limit to the run)")
+        initial = Memory(self.buffers, materialise=False, table=self.ref.table)
+        races = [_race_report(self.buffers, e, e["ids"], e["kinds"], e["streams"], initial, self.ref)
+                 for e in self.races.listed(race_limit)]
+        s = run.schedule
+        rep = _report(run, name=s.name, digest=run.digest, reads=self.reads, races=races,
+                      races_total=self.races.total, intra=self.intra, unbound=run.unbound,
+                      placement=self.placement, timings={}, accesses_list=[], tie_orders=run.tie_orders)
+        rep["tie_orders_total"] = run.tie_orders_total
+        rep["kept"] = "report"
+        return rep

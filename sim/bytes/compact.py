@@ -37,6 +37,17 @@ from sim.bytes.pattern import Origin, _check16, unit_seeds
 from sim.errors import InputError
 
 _I64 = np.int64
+_I64_MAX = int(np.iinfo(np.int64).max)
+
+
+def _one(x):
+    """``x`` as a Python int if it is one integer (an int or a 1-element integer
+    array), else None."""
+    if type(x) is int:
+        return x
+    if isinstance(x, np.ndarray) and x.size == 1 and x.dtype.kind in "iu":
+        return int(x.reshape(-1)[0])
+    return None
 
 
 # --------------------------------------------------------------------------
@@ -523,6 +534,13 @@ class CompactBuffer:
         return self._first.nbytes + sum(a.nbytes for arrays in (self._bs, self._bo, self._bf)
                                         for a in arrays)
 
+    def coalesced_segments(self):
+        """The maximal runs ``(start, origin_id, stream_offset)`` (ids of this buffer's
+        table): equal for two buffers of one table with the same contents."""
+        st, oid, so = self.segments()       # (a run split between blocks, or by a slice, is joined)
+        keep = _coalesce_mask(st, oid, so)
+        return st[keep], oid[keep], so[keep]
+
     def canonical_segments(self):
         """The maximal runs ``(start, origin key, stream offset)`` as int64 arrays, with
         origins named by a hash of their fields (``origin_key``): two buffers with the
@@ -537,7 +555,11 @@ class CompactBuffer:
     def provenance_digest(self) -> str:
         """sha256 (hex) of the buffer's size and canonical segments: equal provenance
         means equal bytes; it costs O(segments), not O(bytes)."""
-        st, keys, so = self.canonical_segments()
+        if self._count <= 8 and len(self._bs) == 1:      # a few segments: no numpy sorting
+            st, oid, so = self.coalesced_segments()
+            keys = np.array([origin_key(self.table[i]) for i in oid.tolist()], dtype=_I64)
+        else:
+            st, keys, so = self.canonical_segments()
         h = hashlib.sha256(b"kvrace-provenance-v1" + np.int64(self.nbytes).tobytes())
         h.update(np.stack([st, keys, so], axis=1).astype("<i8").tobytes())
         return h.hexdigest()
@@ -561,6 +583,13 @@ class CompactBuffer:
 
     def slice(self, offset: int, nbytes: int) -> "CompactBuffer":
         """An independent buffer of ``nbytes`` holding this buffer's range."""
+        offset, nbytes = int(offset), int(nbytes)
+        if nbytes > 0 and 0 <= offset <= self.nbytes - nbytes:
+            got = self._pieces_small(offset, offset + nbytes)
+            if got is not None:
+                ps, _, po, pf = got
+                return CompactBuffer._from_segments(nbytes, self.table, np.array(ps, _I64) - offset,
+                                                    np.array(po, _I64), np.array(pf, _I64))
         p = self.pieces(offset, nbytes)
         return CompactBuffer._from_segments(nbytes, self.table, p.start - int(offset),
                                             p.origin_id, p.stream_offset)
@@ -600,6 +629,13 @@ class CompactBuffer:
     # ---- writes ----------------------------------------------------------
     def fill(self, dst_offsets, lengths, origin: Origin, stream_offsets) -> None:
         """Write pattern bytes of ``origin`` (from ``stream_offsets``) into extents."""
+        n, d, s = _one(lengths), _one(dst_offsets), _one(stream_offsets)
+        if n is not None and d is not None and s is not None and n >= 0 and 0 <= d <= self.nbytes - n \
+                and 0 <= s <= _I64_MAX - n:
+            if n and not self._write_small([d], [d + n], [self.table.intern(origin)], [s]):
+                self._write(np.array([d], _I64), np.array([d + n], _I64),
+                            np.array([self.table.intern(origin)], _I64), np.array([s], _I64))
+            return
         lens, dst, soff = extents("fill", lengths, ("dst_offsets", dst_offsets, self.nbytes),
                                   ("stream_offsets", stream_offsets, np.iinfo(_I64).max))
         oid = self.table.intern(origin)
@@ -612,6 +648,21 @@ class CompactBuffer:
         extent wins where destination extents overlap)."""
         if not isinstance(src, CompactBuffer):
             raise InputError("src", f"expected a CompactBuffer, got {type(src).__name__}")
+        n, so, do = _one(lengths), _one(src_offsets), _one(dst_offsets)
+        if n is not None and so is not None and do is not None and n > 0 and 0 <= so <= src.nbytes - n \
+                and 0 <= do <= self.nbytes - n:
+            got = src._pieces_small(so, so + n)
+            if got is not None:
+                ps, pe, po, pf = got
+                if src.table is not self.table:
+                    po = [self.table.intern(src.table[i]) for i in po]
+                shift = do - so
+                ps = [x + shift for x in ps]
+                pe = [x + shift for x in pe]
+                if self._write_small(ps, pe, po, pf):
+                    return
+                self._write(np.array(ps, _I64), np.array(pe, _I64), np.array(po, _I64), np.array(pf, _I64))
+                return
         lens, s_off, d_off = extents("copy_from", lengths,
                                      ("src_offsets", src_offsets, src.nbytes),
                                      ("dst_offsets", dst_offsets, self.nbytes))
@@ -625,6 +676,88 @@ class CompactBuffer:
             oid = remap[inv.reshape(-1)]
         shift = d_off[ext] - s_off[ext]
         self._write(ps + shift, pe + shift, oid, soff)
+
+    # ---- small operations: one extent inside one block, in plain Python over a few rows
+    def _block_of(self, lo: int) -> int:
+        first = self._first
+        return 0 if len(first) == 1 else int(first.searchsorted(lo, "right")) - 1
+
+    def _pieces_small(self, lo: int, hi: int):
+        """The pieces of ``[lo, hi)`` as lists (starts, stops, origin ids, stream
+        offsets) when the range lies in one block and a few segments; else None."""
+        if not self._bs:
+            return None
+        k = self._block_of(lo)
+        end = int(self._first[k + 1]) if k + 1 < len(self._first) else self.nbytes
+        if hi > end:
+            return None
+        st = self._bs[k]
+        i0 = int(st.searchsorted(lo, "right")) - 1
+        i1 = int(st.searchsorted(hi, "left"))
+        if i1 - i0 > 8:
+            return None
+        starts = st[i0:i1].tolist()
+        nxt = starts[1:] + [int(st[i1]) if i1 < len(st) else end]
+        ps = [max(s, lo) for s in starts]
+        pe = [min(e, hi) for e in nxt]
+        pf = [f + (a - s) for f, a, s in zip(self._bf[k][i0:i1].tolist(), ps, starts)]
+        return ps, pe, self._bo[k][i0:i1].tolist(), pf
+
+    def _write_small(self, ns, ne, noid, nsoff) -> bool:
+        """Write pieces (lists, sorted, each non-empty) that tile ``[ns[0], ne[-1])``
+        without gaps, when the range lies in one block and does not touch a block
+        boundary where a neighbour block's segment could continue it.  Returns
+        False (nothing written) otherwise."""
+        lo, hi = ns[0], ne[-1]
+        if any(ne[i] != ns[i + 1] for i in range(len(ns) - 1)):
+            return False
+        k = self._block_of(lo)
+        nblk = len(self._first)
+        end = int(self._first[k + 1]) if k + 1 < nblk else self.nbytes
+        if hi > end or (hi == end and k + 1 < nblk):
+            return False
+        st, oid, so = self._bs[k], self._bo[k], self._bf[k]
+        n = len(st)
+        i0 = int(st.searchsorted(lo, "right")) - 1
+        p = i0 + 1 if int(st[i0]) < lo else i0          # rows [0, p) stay
+        if p == 0 and k > 0:
+            return False
+        last = (int(st[p - 1]), int(oid[p - 1]), int(so[p - 1])) if p else None
+        rows = list(zip(ns, noid, nsoff))
+        if hi < end:
+            r = int(st.searchsorted(hi, "right")) - 1
+            sr = int(st[r])
+            if sr == hi:
+                q = r
+            else:
+                q = r + 1
+                rows.append((hi, int(oid[r]), int(so[r]) + hi - sr))
+        else:
+            q = n
+        out = []
+        for row in rows:
+            if last is not None and row[1] == last[1] and row[2] == last[2] + (row[0] - last[0]):
+                continue                      # continues the run before it
+            out.append(row)
+            last = row
+        if q < n and last is not None and int(oid[q]) == last[1] \
+                and int(so[q]) == last[2] + (int(st[q]) - last[0]):
+            q += 1
+        if out:
+            a = np.array(out, dtype=_I64).reshape(-1, 3)
+            new_s = np.concatenate((st[:p], a[:, 0], st[q:]))
+            new_o = np.concatenate((oid[:p], a[:, 1], oid[q:]))
+            new_f = np.concatenate((so[:p], a[:, 2], so[q:]))
+        else:
+            new_s = np.concatenate((st[:p], st[q:]))
+            new_o = np.concatenate((oid[:p], oid[q:]))
+            new_f = np.concatenate((so[:p], so[q:]))
+        if len(new_s) > 2 * self.block_segments:
+            self._replace(k, k + 1, new_s, new_o, new_f)
+        else:
+            self._bs[k], self._bo[k], self._bf[k] = new_s, new_o, new_f
+            self._count += len(new_s) - n
+        return True
 
     def _write(self, ns, ne, noid, nsoff) -> None:
         """Write new pieces (in priority order; non-empty, in bounds)."""
