@@ -87,9 +87,11 @@ class ProducerSlotBusy(ControllerError, AssertionError):
 
 
 class SettleRequired(ControllerError):
-    """A call that issues an op or reads the device's state while a blocking call
-    (``synchronize``, a blocking index-tensor D2H) is pending: the host program must
-    ``yield from controller.settle()`` first."""
+    """A call that reads the device's state (``query()``, ``start_loading()``'s producer
+    check) or issues an op on the caller's behalf (a handle's ``record``/``wait``,
+    ``wait_until``) while a blocking call (``synchronize``, a blocking index-tensor D2H) is
+    pending: the host program must ``yield from controller.settle()`` first.  (A backup's
+    ops and further synchronizes are queued behind the pending step instead.)"""
 
 
 class EventPoolExhausted(ControllerError):
