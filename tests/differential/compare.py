@@ -1,0 +1,148 @@
+"""The canonical observation of one side after an op, and the op-by-op comparison.
+
+:func:`observe` reads only names both trees share with SGLang 0.5.14 (``root_node``,
+``children``, ``key.token_ids``, ``value``, ``host_value``, ``lock_ref``,
+``host_ref_counter``, ``hit_count``, ``last_access_time``, ``write_through_pending_id``,
+``evictable_leaves``, ``evictable_host_leaves``, ``ongoing_write_through``,
+``ongoing_load_back``, ``evictable_size()``, ``protected_size()``, the controller's queues
+and layer-done counter, the allocator's ``free_pages`` / ``release_pages`` and the host
+pool's ``free_slots``).  Nodes are named by their path: the tokens from the root to the
+node's end (``"root"`` for the root), so node ids need not agree.
+
+An observation is a dict of plain data:
+
+* ``tree``: nested ``[tokens of the edge, state, lock_ref, host_ref_counter, hit_count,
+  device slots, host slots, write-through pending, children]``, children in key order;
+  state ``D`` (device only), ``DH`` (device + host), ``H`` (host only);
+* ``evictable_size``, ``protected_size``;
+* ``evictable_leaves`` / ``evictable_host_leaves``: sorted paths;
+* ``access_order``: every node's path, by last-access time (the LRU order eviction uses);
+* ``ongoing_write_through``: sorted (lock node, backed-up length, covered nodes);
+  ``ongoing_load_back``: sorted paths;
+* ``acks``: per queue, each ack's (done, node paths of its node ids);
+  ``load_queue`` / ``write_queue`` lengths, ``producer_index``, producer slots done;
+* ``device_free``: ``free_pages`` and ``release_pages`` in order, ``available_size``;
+  ``host_free``: ``free_slots`` in order, ``available_size``;
+* ``result``: the op's result (``SideDriver.apply``); ``moves``: the slots the op moved
+  (device/host alloc/free in call order, the write and load copies with host and device
+  indices).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["observe", "diff", "format_diff"]
+
+
+def _lst(side, arr):
+    return side.as_list(arr)
+
+
+def _nodes(side):
+    """(path, node) for every node, parents first, children in key order."""
+    out = []
+    root = side.root()
+
+    def walk(node, path):
+        out.append((path, node))
+        kids = sorted(node.children.values(), key=lambda ch: side.token_list(ch.key))
+        for ch in kids:
+            walk(ch, path + tuple(side.token_list(ch.key)))
+
+    walk(root, ())
+    return out
+
+
+def _state(node) -> str:
+    if node.value is None:
+        return "H" if node.host_value is not None else "-"
+    return "DH" if node.host_value is not None else "D"
+
+
+def _name(path) -> Any:
+    return "root" if path == () else list(path)
+
+
+def observe(side, result=None, moves=None) -> dict:
+    cache = side.cache_obj()
+    nodes = _nodes(side)
+    path_of = {id(n): p for p, n in nodes}
+    by_id = {n.id: p for p, n in nodes}
+    root = side.root()
+
+    def tree(node):
+        kids = sorted(node.children.values(), key=lambda ch: side.token_list(ch.key))
+        return [side.token_list(node.key), _state(node), int(node.lock_ref), int(node.host_ref_counter),
+                int(node.hit_count), _lst(side, node.value), _lst(side, node.host_value),
+                node.write_through_pending_id is not None, [tree(ch) for ch in kids]]
+
+    def pname(node):
+        p = path_of.get(id(node))
+        return "<detached>" if p is None else _name(p)
+
+    def idname(i):
+        p = by_id.get(i)
+        return "<gone>" if p is None else _name(p)
+
+    ctl = cache.cache_controller
+    counter = ctl.layer_done_counter
+    alloc = side.allocator_obj()
+    host = side.host_obj()
+    acks = {}
+    for q, queue in (("write", ctl.ack_write_queue), ("load", ctl.ack_load_queue)):
+        acks[q] = [[bool(side.event_done(a[1])), [idname(i) for i in a[2]]] for a in queue]
+    obs = {
+        "result": result,
+        "moves": moves,
+        "tree": [tree(ch) for ch in sorted(root.children.values(), key=lambda ch: side.token_list(ch.key))],
+        "evictable_size": int(cache.evictable_size()),
+        "protected_size": int(cache.protected_size()),
+        "evictable_leaves": sorted((pname(n) for n in cache.evictable_leaves), key=str),
+        "evictable_host_leaves": sorted((pname(n) for n in cache.evictable_host_leaves), key=str),
+        "access_order": [_name(p) for p, n in sorted(nodes, key=lambda pn: pn[1].last_access_time)],
+        "ongoing_write_through": sorted(
+            ([idname(k), pname(v[0]), int(v[1]), [pname(x) for x in v[2]]]
+             for k, v in cache.ongoing_write_through.items()), key=str),
+        "ongoing_load_back": sorted((pname(v) for v in cache.ongoing_load_back.values()), key=str),
+        "acks": acks,
+        "load_queue": len(ctl.load_queue),
+        "write_queue": len(ctl.write_queue),
+        "producer_index": int(counter.producer_index),
+        "slots_done": [bool(side.event_done(e.finish_event)) for e in counter.events],
+        "device_free": {"free_pages": _lst(side, alloc.free_pages), "release_pages": _lst(side, alloc.release_pages),
+                        "available_size": int(alloc.available_size())},
+        "host_free": {"free_slots": _lst(side, host.free_slots), "available_size": int(host.available_size())},
+    }
+    return obs
+
+
+def _canon(x):
+    if isinstance(x, tuple):
+        return [_canon(v) for v in x]
+    if isinstance(x, list):
+        return [_canon(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _canon(v) for k, v in x.items()}
+    return x
+
+
+def diff(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
+    """The fields where two observations differ: (field, a's value, b's value)."""
+    out = []
+    for k in a:
+        va, vb = _canon(a.get(k)), _canon(b.get(k))
+        if va != vb:
+            out.append((k, va, vb))
+    for k in b:
+        if k not in a:
+            out.append((k, None, _canon(b[k])))
+    return out
+
+
+def format_diff(d: list, names=("sglang", "kvrace")) -> str:
+    lines = []
+    for field, va, vb in d:
+        lines.append(f"  {field}:")
+        lines.append(f"    {names[0]}: {va}")
+        lines.append(f"    {names[1]}: {vb}")
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""Random cache-operation sequences and the driver that applies one op to one side.
+
+An op is a plain dict (JSON-able, printed as is in a divergence report):
+
+* ``{"op": "insert", "tokens": [...]}``: a finished request caches its sequence, as
+  SGLang's scheduler does it: if the allocator has fewer than ``len`` (page-aligned) free
+  slots, ``evict(EvictParams(len))`` (``evict_from_tree_cache``), then ``alloc``; no room:
+  nothing inserted; else ``insert(InsertParams(key, value))`` and the duplicates
+  ``value[:prefix_len]`` freed (``cache_finished_req`` with ``cache_protected_len = 0``).
+* ``{"op": "match", "tokens": [...]}``: ``match_prefix`` only.
+* ``{"op": "lock", "tokens": [...], "h": n}``: ``match_prefix`` then
+  ``inc_lock_ref(last_device_node)``; handle ``n`` holds the lock.
+* ``{"op": "load", "tokens": [...], "h": n}``: a request admitted with a host hit, as
+  ``PrefillAdder.add_one_req`` does: ``match_prefix``; under ``inc_lock_ref`` of
+  ``last_device_node`` (``_lock_node``), ``init_load_back(InitLoadBackParams(best_match_node,
+  host_hit_length))`` when ``host_hit_length > 0``; release that lock; then
+  ``inc_lock_ref`` of the node ``init_load_back`` returned (the request's lock, handle ``n``).
+* ``{"op": "unlock", "h": n}``: ``dec_lock_ref`` of handle ``n``'s node.
+* ``{"op": "ready"}``: ``ready_to_load_host_cache()`` (``start_loading``).
+* ``{"op": "evict", "n": k}``, ``{"op": "evict_host", "n": k}``.
+* ``{"op": "writing_check"}``, ``{"op": "loading_check"}``, ``{"op": "check_events"}``
+  (``check_hicache_events``).
+* ``{"op": "complete", "queue": "write"|"load", "count": k}``: the oldest ``k`` acks of that
+  queue complete (their copies finished on the device); ``{"op": "complete_all"}``.
+
+The generator keeps handles consistent (an unlock names a held handle) and makes
+sequences share prefixes so that matches split nodes.  Lock and load take their lock right
+after their own match, as the scheduler does, so a handle never names a deleted node.
+"""
+from __future__ import annotations
+
+import random
+from typing import Optional
+
+__all__ = ["generate", "apply_op", "SideDriver", "error_family", "OPS"]
+
+OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
+       "loading_check", "check_events", "complete", "complete_all")
+
+
+def error_family(e: BaseException) -> str:
+    """The kind of an exception, comparable across the two sides (SGLang asserts where
+    kvrace raises an ``AssertionError`` subclass, and so on)."""
+    for cls in (AssertionError, KeyError, IndexError, ValueError, RuntimeError, TypeError):
+        if isinstance(e, cls):
+            return cls.__name__
+    return "Exception"
+
+
+def _sequence(rng: random.Random, pool: list[list[int]], page: int, max_pages: int, vocab: int) -> list[int]:
+    """A new token sequence: often a prefix of a known one plus a fresh tail, so that
+    sequences share prefixes, split nodes and hit on device and host."""
+    pages = rng.randint(1, max_pages)
+    n = pages * page + (rng.randint(0, page - 1) if page > 1 and rng.random() < 0.3 else 0)
+    if pool and rng.random() < 0.75:
+        base = rng.choice(pool)
+        cut = rng.randint(0, len(base))
+        if page > 1 and rng.random() < 0.7:
+            cut -= cut % page
+        head = base[:cut]
+    else:
+        head = []
+    tail = [rng.randrange(vocab) for _ in range(max(0, n - len(head)))]
+    seq = (head + tail)[:max(n, len(head))]
+    return seq if seq else [rng.randrange(vocab) for _ in range(page)]
+
+
+def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int = 32,
+             vocab: Optional[int] = None) -> list[dict]:
+    """``length`` random ops (seeded).  Sequences are up to about half the device pool, so
+    inserts and load-backs evict; the vocabulary is small so prefixes recur."""
+    rng = random.Random(seed)
+    vocab = vocab or (4 if page_size == 1 else 3)
+    max_pages = max(1, (device_tokens // page_size) // 2)
+    pool: list[list[int]] = []
+    held: list[int] = []
+    next_h = 0
+    ops: list[dict] = []
+    weights = {"insert": 6, "match": 2, "lock": 2, "load": 4, "unlock": 3, "ready": 3, "evict": 2,
+               "evict_host": 2, "writing_check": 2, "loading_check": 2, "check_events": 3, "complete": 5,
+               "complete_all": 1}
+    names = list(weights)
+    w = [weights[n] for n in names]
+    while len(ops) < length:
+        kind = rng.choices(names, w)[0]
+        if kind in ("insert", "match", "lock", "load"):
+            if kind == "insert" or not pool or rng.random() < 0.2:
+                tokens = _sequence(rng, pool, page_size, max_pages, vocab)
+            else:
+                base = rng.choice(pool)
+                tokens = base[:rng.randint(1, len(base))] if rng.random() < 0.5 else list(base)
+            if kind == "insert":
+                pool.append(tokens)
+                ops.append({"op": "insert", "tokens": tokens})
+            elif kind == "match":
+                ops.append({"op": "match", "tokens": tokens})
+            else:
+                if len(held) >= 3:
+                    continue
+                ops.append({"op": kind, "tokens": tokens, "h": next_h})
+                held.append(next_h)
+                next_h += 1
+        elif kind == "unlock":
+            if not held:
+                continue
+            h = held.pop(rng.randrange(len(held)))
+            ops.append({"op": "unlock", "h": h})
+        elif kind in ("evict", "evict_host"):
+            ops.append({"op": kind, "n": rng.randint(1, max(1, device_tokens // 2))})
+        elif kind == "complete":
+            ops.append({"op": "complete", "queue": rng.choice(["write", "load"]), "count": rng.randint(1, 2)})
+        else:
+            ops.append({"op": kind})
+    # release what is still held, then settle everything, so every run ends drained
+    for h in held:
+        ops.append({"op": "unlock", "h": h})
+    ops += [{"op": "ready"}, {"op": "complete_all"}, {"op": "check_events"}]
+    return ops
+
+
+class SideDriver:
+    """Applies ops to one side (``SGLangSide`` or ``KvraceSide``): the side gives ``cache``
+    (the tree; for kvrace the session's settled tree), ``records`` (a module with
+    ``InsertParams``, ``MatchPrefixParams``, ``EvictParams``, ``InitLoadBackParams``),
+    ``key(tokens)``, ``indices(values)``, ``as_list(array)``, ``allocator``."""
+
+    def __init__(self, side):
+        self.side = side
+        self.handles: dict[int, object] = {}
+
+    def _path(self, node) -> tuple:
+        out = []
+        root = self.side.root()
+        while node is not None and node is not root:
+            out = self.side.token_list(node.key) + out
+            node = node.parent
+        return tuple(out)
+
+    def apply(self, op: dict):
+        """Run ``op``; returns its result as plain data (or ``("raise", family)``)."""
+        try:
+            return self._apply(op)
+        except Exception as e:  # noqa: BLE001 - both sides' failures are compared
+            return ("raise", error_family(e))
+
+    def _apply(self, op: dict):
+        s, c, r = self.side, self.side.cache, self.side.records
+        kind = op["op"]
+        if kind == "insert":
+            key = s.key(op["tokens"])
+            n = len(key.page_aligned(s.cfg.page_size))
+            if n == 0:
+                return ("empty",)
+            if s.allocator.available_size() < n:
+                c.evict(r.EvictParams(num_tokens=n))
+            value = s.allocator.alloc(n)
+            if value is None:
+                return ("no_room",)
+            res = c.insert(r.InsertParams(key=key, value=value))
+            dup = value[:res.prefix_len]
+            if len(dup):
+                s.allocator.free(dup)
+            return ("inserted", int(res.prefix_len))
+        if kind in ("match", "lock", "load"):
+            m = c.match_prefix(r.MatchPrefixParams(key=s.key(op["tokens"])))
+            seen = (s.as_list(m.device_indices), self._path(m.last_device_node), self._path(m.last_host_node),
+                    int(m.host_hit_length))
+            if kind == "match":
+                return ("match",) + seen
+            node = m.last_device_node
+            if kind == "lock":
+                delta = c.inc_lock_ref(node).delta
+                self.handles[op["h"]] = node
+                return ("locked",) + seen + (int(delta),)
+            c.inc_lock_ref(node)
+            loaded = None
+            if m.host_hit_length > 0:
+                values, node = c.init_load_back(r.InitLoadBackParams(best_match_node=m.best_match_node,
+                                                                      host_hit_length=m.host_hit_length))
+                loaded = s.as_list(values)
+            c.dec_lock_ref(m.last_device_node)
+            c.inc_lock_ref(node)
+            self.handles[op["h"]] = node
+            return ("loaded",) + seen + (loaded, self._path(node))
+        if kind == "unlock":
+            node = self.handles.pop(op["h"])
+            return ("unlocked", int(c.dec_lock_ref(node).delta))
+        if kind == "ready":
+            return ("producer", int(c.ready_to_load_host_cache()))
+        if kind == "evict":
+            return ("evicted", int(c.evict(r.EvictParams(num_tokens=op["n"])).num_tokens_evicted))
+        if kind == "evict_host":
+            # NOTE: SGLang's evict_host returns None; its effect is observed, not its value
+            c.evict_host(op["n"])
+            return ("evict_host",)
+        if kind == "writing_check":
+            c.writing_check()
+            return ("ok",)
+        if kind == "loading_check":
+            c.loading_check()
+            return ("ok",)
+        if kind == "check_events":
+            c.check_hicache_events()
+            return ("ok",)
+        if kind == "complete":
+            s.complete_acks(op["queue"], op["count"])
+            return ("ok",)
+        if kind == "complete_all":
+            s.complete_all()
+            return ("ok",)
+        raise ValueError(f"unknown op {kind!r}")
+
+
+def apply_op(driver: SideDriver, op: dict):
+    """``driver.apply(op)`` (a function for symmetry with the comparison)."""
+    return driver.apply(op)
