@@ -634,3 +634,32 @@ def test_release_aborted_request_forgets_loaded_tokens():
     cache.release_aborted_request("r1")
     cache.release_aborted_request("r2")
     assert cache.prefetch_loaded_tokens_by_reqid == {}
+
+
+def test_write_back_can_leave_a_backup_below_an_unbacked_parent():
+    # HiRadixCache.evict under write_back: write_backup(x, write_back=True) skips the parent
+    # check, and the loop stops once enough tokens are counted, so the parent (pushed as a
+    # candidate) may never be backed up: the contiguous-prefix rule does not hold here
+    cache, ctl = make("write_back")
+    put(cache, [1] * 6)
+    put(cache, [1] * 6 + [2] * 4)
+    parent, leaf = node_at(cache, [1] * 6), node_at(cache, [1] * 6 + [2] * 4)
+    assert cache.evict(EvictParams(num_tokens=3)).num_tokens_evicted == 4
+    assert leaf.evicted and leaf.backuped
+    assert not parent.evicted and not parent.backuped
+    assert cache.evictable_leaves == {parent}
+    m = match(cache, [1] * 6 + [2] * 4)
+    assert m.last_device_node is parent and m.best_match_node is leaf and m.host_hit_length == 4
+    assert cache.evict(EvictParams(num_tokens=1)).num_tokens_evicted == 6
+    assert parent.evicted and parent.backuped
+    check_sizes(cache)
+
+
+def test_docs_example_prints_what_the_docs_say(capsys):
+    # docs/hicache.md: the load-back example and its printed output, kept true
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).parent.parent / "docs" / "hicache.md").read_text()
+    code, printed = re.search(r"```python\n(.*?)```\n\nprints\n\n```\n(.*?)```", text, re.S).groups()
+    exec(compile(code, "docs/hicache.md", "exec"), {})
+    assert capsys.readouterr().out == printed
