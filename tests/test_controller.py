@@ -538,3 +538,30 @@ def test_direct_backend_writes_in_one_call_each_block_then_issue_in_call_order()
     # direct + layer_first: host indices sorted, device indices permuted (already in order here)
     assert (c0["args"]["src_indices"], c0["args"]["dst_indices"]) == ([4, 2], [0, 1])
     rerun_same(run)
+
+
+def test_a_write_pair_awaiting_its_synchronize_is_not_recycled():
+    # the tree pops an ack and synchronizes its (unfinished) finish event; until settle()
+    # issues that sync, the pair's name must not be recorded again
+    s = Setup(layers=1, write_event_pool=2)
+    got = {}
+
+    def body(h, ctl):
+        ctl.write(np.array([1]))
+        ctl.write(np.array([2]))
+        ack = ctl.ack_write_queue.pop(0)
+        ack.finish_event.synchronize()                        # pending: the copy is in flight
+        free = ctl.mem_pool_host.available_size()
+        with pytest.raises(EventPoolExhausted):
+            ctl.write(np.array([3]))                          # pair 0 is still awaited
+        assert ctl.mem_pool_host.available_size() == free and ctl.write_queue == []   # nothing taken
+        yield from ctl.settle()
+        ctl.ack_write_queue.pop(0)
+        got["host"] = ctl.write(np.array([4]))
+        got["name"] = ctl.ack_write_queue[-1].finish_event.name
+
+    run = s.run(body)
+    sync = ops_of(run, "host_sync")[0]
+    assert sync["event"] == "hicache.write0.finish"
+    assert got["name"] == "hicache.write0.finish"              # recycled only after the sync
+    rerun_same(run)

@@ -449,6 +449,7 @@ class HiCacheController:
         call is pending, the backup's ops are issued by ``settle()`` after it (SGLang's
         thread would reach this call only after the block)."""
         device_indices = np.asarray(device_indices, dtype=np.int64)
+        self._reclaim_write_pairs()          # an exhausted pool fails before any slot is taken
         host_indices = self.mem_pool_host.alloc(len(device_indices))
         if host_indices is None:
             return None
@@ -500,6 +501,7 @@ class HiCacheController:
         stream, wait on the write stream, the all-layer backup ops, the finish event."""
         if not self.write_queue:
             return
+        k = self._take_write_pair()
         op = CacheOperation.merge_ops(self.write_queue, self._new_id)
         if self.io_backend == "kernel" and self.mem_pool_host.layout == "page_first" \
                 and getattr(self.mem_pool_host, "can_use_write_back_jit", False):
@@ -507,7 +509,6 @@ class HiCacheController:
         else:
             host_indices, device_indices = self.move_indices(op.host_indices, op.device_indices)
         self.write_queue.clear()
-        k = self._take_write_pair()
         start, finish = (HostEvent(self, n) for n in self._write_names_of(self.name, k))
         seq = self._seq["write"]
         self._seq["write"] += 1
@@ -528,6 +529,14 @@ class HiCacheController:
         self.ack_write_queue.append(HiCacheAck(start, finish, op.node_ids))
 
     def _take_write_pair(self) -> int:
+        self._reclaim_write_pairs()
+        k = self._write_free.popleft()
+        self._write_out.append(k)
+        return k
+
+    def _reclaim_write_pairs(self) -> None:
+        """Make sure a write-event pair is free (reclaiming the pairs no ack refers to any
+        more), else raise :class:`EventPoolExhausted`."""
         if not self._write_free:
             # NOTE: a pair is in use while an ack in the queue refers to it, and while a
             # synchronize of it waits for settle() (it binds to the record when issued)
@@ -541,9 +550,6 @@ class HiCacheController:
             raise EventPoolExhausted(f"all {self.write_event_pool} write-event pairs are held by acks still in "
                                      "ack_write_queue; raise write_event_pool (and declare the names in the "
                                      "header) or process write acks (writing_check)")
-        k = self._write_free.popleft()
-        self._write_out.append(k)
-        return k
 
     def start_loading(self) -> int:
         """Issue every queued load as one merged operation; returns the producer slot
