@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sim.engine.cost import CostModel
-from sim.engine.forward import (BatchRequest, ForwardBatch, coalesce, copies_in_flight, entry_bytes,
+from sim.engine.forward import (BatchRequest, ForwardBatch, can_advance_in_one_step, coalesce, copies_in_flight,
+                                entry_bytes,
                                 indexer_topk, issue_forward, read_ranges, stand_in_scores, topk_verdict)
 from sim.engine.gates import gate_map
 from sim.engine.models import model, resolve_options
@@ -129,6 +130,39 @@ def position(issue, kind, layer, contains=""):
     return None
 
 
+# ---------------------------------------------------------------- model facts
+
+def test_v4_flash_layer_kinds_and_pools():
+    # dsa_geometry.md 2.1-2.2: 43 layers, 0-1 sliding window only, then C4 and C128 alternating
+    fam = model("deepseek-v4-flash")
+    kinds = fam.layer_kinds
+    assert len(kinds) == 43 and kinds[:2] == ("swa", "swa")
+    assert set(kinds[2::2]) == {"c4"} and set(kinds[3::2]) == {"c128"}
+    assert kinds.count("c4") == 21 and kinds.count("c128") == 20
+    p = fam.pools
+    assert p["index_k"].layers == p["c4"].layers == fam.layers_of("c4")
+    assert p["c128"].layers == fam.layers_of("c128") and p["swa"].layers == tuple(range(43))
+    assert (p["c4"].layout(1).page_bytes, p["index_k"].layout(1).page_bytes, p["c128"].layout(1).page_bytes) \
+        == (37440, 8448, 1728)
+    assert p["index_k"].bytes_per_token == 33.0                     # 132 B per 4-token entry
+    bf16 = fam.pools_for(resolve_options({"index_k_dtype": "bf16"}))["index_k"]
+    assert bf16.layout(4).page_bytes == 256 and bf16.bytes_per_token == 64.0   # twice the fp8 bytes
+    assert p["c4"].pool_layer(2) == 0 and p["c4"].pool_layer(42) == 20 and p["c128"].pool_layer(3) == 0
+    with pytest.raises(InputError, match="c128"):
+        p["c128"].pool_layer(2)
+
+
+def test_dsa_layers_and_pools():
+    fam = model("dsa-v3.2")
+    assert fam.n_layers == 61 and set(fam.layer_kinds) == {"dsa"}
+    assert fam.pools["latent"].bytes_per_token == 656 and fam.pools["index_k"].bytes_per_token == 132
+    assert fam.pools["index_k"].layout(1).page_bytes == 8448
+    with pytest.raises(InputError, match="bf16"):
+        fam.pools_for({"index_k_dtype": "bf16"})
+    with pytest.raises(InputError, match="options.index_k_store"):
+        resolve_options({"index_k_store": "fast"})
+
+
 # ---------------------------------------------------------------- order and gates
 
 def test_dsa_extend_ungated_map_reads_index_k_before_the_layer_wait():
@@ -140,6 +174,8 @@ def test_dsa_extend_ungated_map_reads_index_k_before_the_layer_wait():
         r_lat = position(issue, "read", layer, "forward_extend.latent")
         assert r_ik is not None and w is not None and r_lat is not None
         assert r_ik < w < r_lat
+    exposed = issue.exposed_reads
+    assert len(exposed) == 61 and {(r.reader, r.role) for r in exposed} == {("_get_topk_ragged", "index_k")}
 
 
 def test_dsa_extend_gated_map_waits_before_every_read():
@@ -148,7 +184,7 @@ def test_dsa_extend_gated_map_waits_before_every_read():
         w = position(issue, "wait", layer)
         assert w is not None
         assert all(position(issue, "read", layer, c) > w for c in ("index_k", "latent"))
-    assert all(r.waited for r in issue.reads)
+    assert all(r.waited for r in issue.reads) and issue.exposed_reads == []
 
 
 def test_fused_store_gate_precedes_the_ungated_topk_read_in_0510():
@@ -331,14 +367,19 @@ def test_one_step_is_refused_for_a_batch_that_waits():
 def test_copies_in_flight_sees_the_load_until_it_lands():
     fam, pools, buffers, header = world("dsa-v3.2", 2)
     seen = {}
+    b = make_batch(buffers, "decode", -1, range(2))
 
     def program(h):
+        seen["before"] = can_advance_in_one_step(h, b, buffers)
         issue_load(h, fam, pools, buffers, range(2))
+        seen["can"] = can_advance_in_one_step(h, b, buffers)
         seen["during"] = copies_in_flight(h, ["dev_index_k"])
         seen["other"] = copies_in_flight(h, ["no_such_buffer"])
         yield h.synchronize()
         seen["after"] = copies_in_flight(h, ["dev_index_k", "dev_latent"])
-    run_programs(header, {"host": program}, profile())
+        seen["can_after"] = can_advance_in_one_step(h, b, buffers)
+    run_programs(header, {"host": program}, profile(), materialise=False)
+    assert seen["before"] and not seen["can"] and seen["can_after"]
     assert len(seen["during"]) == 61 and all(".index_k." in c for c in seen["during"])
     assert seen["other"] == [] and seen["after"] == []
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from sim.engine.cost import CostModel, CostParams, OpCost, step_cost
 from sim.engine.forward import (BatchRequest, ForwardBatch, ForwardIssue, ReadInfo, TopkVerdict,
-                                copies_in_flight, entry_bytes, indexer_topk, issue_forward, topk_verdict)
+                                can_advance_in_one_step, copies_in_flight, entry_bytes, indexer_topk, issue_forward, topk_verdict)
 from sim.engine.gates import GATE_MAPS, GateMap, gate_map, gate_map_from_dict, load_gate_map
 from sim.engine.hypotheses import (Configuration, Hypothesis, apply_hypotheses, configuration,
                                    configuration_from_dict, hypothesis, hypothesis_names, register)
@@ -23,6 +23,6 @@ from sim.engine.models import MODELS, ModelFamily, model
 
 __all__ = ["BatchRequest", "Configuration", "CostModel", "CostParams", "ForwardBatch", "ForwardIssue",
            "GATE_MAPS", "GateMap", "Hypothesis", "MODELS", "ModelFamily", "OpCost", "ReadInfo", "TopkVerdict",
-           "apply_hypotheses", "configuration", "configuration_from_dict", "copies_in_flight", "entry_bytes",
+           "apply_hypotheses", "can_advance_in_one_step", "configuration", "configuration_from_dict", "copies_in_flight", "entry_bytes",
            "gate_map", "gate_map_from_dict", "hypothesis", "hypothesis_names", "indexer_topk", "issue_forward",
            "load_gate_map", "model", "register", "step_cost", "topk_verdict"]

@@ -50,8 +50,8 @@ from sim.engine.models import ModelFamily, resolve_options
 from sim.errors import InputError, require, show
 from sim.pools.layouts import PagedLayout
 
-__all__ = ["BatchRequest", "ForwardBatch", "ForwardIssue", "ReadInfo", "TopkVerdict", "coalesce",
-           "copies_in_flight", "entry_bytes", "indexer_topk", "issue_forward", "read_ranges",
+__all__ = ["BatchRequest", "ForwardBatch", "ForwardIssue", "ReadInfo", "TopkVerdict", "can_advance_in_one_step",
+           "coalesce", "copies_in_flight", "entry_bytes", "indexer_topk", "issue_forward", "read_ranges",
            "stand_in_scores", "topk_verdict"]
 
 MODES = ("extend", "decode")
@@ -111,10 +111,20 @@ class ForwardIssue:
     reads: list[ReadInfo] = field(default_factory=list)
     compute_us: float = 0.0
     one_step: bool = False
+    consumer_index: int = -1
 
     @property
     def last_op(self) -> str:
         return self.ops[-1][1]
+
+    @property
+    def exposed_reads(self) -> list[ReadInfo]:
+        """Reads of a load-carrying batch issued before any wait on their layer's event in
+        this forward (the #22811 class: each races that layer's load copy unless something
+        else orders them); empty for a batch that loaded nothing."""
+        if self.consumer_index < 0:
+            return []
+        return [r for r in self.reads if not r.waited]
 
 
 # ---------------------------------------------------------------- extents
@@ -160,6 +170,13 @@ def copies_in_flight(host, buffers: Sequence[str]) -> list[str]:
             if op.op == "copy" and op.dst in names:
                 out.append(op.id)
     return out
+
+
+def can_advance_in_one_step(host, batch: ForwardBatch, buffers: Mapping[str, tuple[str, PagedLayout]]) -> bool:
+    """The one-step condition at issue time: the batch waits on nothing (consumer -1) and no
+    copy into its buffers is in flight.  (The caller must also issue no such copy before the
+    forward's last read.)"""
+    return batch.consumer_index < 0 and not copies_in_flight(host, [name for name, _ in buffers.values()])
 
 
 # ---------------------------------------------------------------- the forward
@@ -252,7 +269,7 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
         raise InputError("one_step", f"batch has consumer index {batch.consumer_index}: its per-layer waits "
                          "decide the race verdict, so it is issued per layer")
     plan = _plan(model, gate_map, options, batch, pools, buffers, cost, tp, tuple(key))
-    out = ForwardIssue(one_step=one_step)
+    out = ForwardIssue(one_step=one_step, consumer_index=batch.consumer_index)
     consumer = batch.consumer_index
 
     def read(op_id, layer, reader, role, pls, waited, starts, lens, ent):
