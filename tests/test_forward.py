@@ -249,6 +249,19 @@ def test_consumer_without_layer_events_is_refused():
                       gate_map=gate_map("upstream-0.5.11"), buffers=buffers, cost=COST, layer_events=None)
 
 
+def test_bad_buffers_and_slots_are_refused_naming_the_key():
+    fam, _, buffers, _ = world("deepseek-v4-flash", 2)
+    ok = make_batch(buffers, "decode", -1, range(2))
+    kw = dict(model=fam, gate_map=gate_map("upstream-0.5.11"), cost=COST)
+    with pytest.raises(InputError, match="buffers.latent"):
+        issue_forward(RecordingHost(), "forward", ok, buffers={**buffers, "latent": buffers["swa"]}, **kw)
+    with pytest.raises(InputError, match="buffers.c4"):
+        issue_forward(RecordingHost(), "forward", ok, buffers={**buffers, "c4": buffers["swa"]}, **kw)
+    over = ForwardBatch("decode", (BatchRequest(1, {"c128": np.array([0, 4])}, 1, 300),))
+    with pytest.raises(InputError, match=r"requests\[0\]\.slots\.c128"):
+        issue_forward(RecordingHost(), "forward", over, buffers=buffers, **kw)
+
+
 def test_reads_cover_exactly_the_field_bytes_of_the_slots():
     fam = model("deepseek-v4-flash")
     lay = fam.pools["c4"].layout(8)

@@ -227,7 +227,6 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
             for role in step.roles:
                 if role not in buffers or not entries[role]:
                     continue
-                require(role in pools, f"buffers.{role}", f"model {model.name} has no pool {role!r}")
                 pl = pools[role].pool_layer(layer)
                 starts0, lens = base[role]
                 starts = starts0 + np.int64(pl) * np.int64(buffers[role][1].layer_bytes)
@@ -265,6 +264,20 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
     for role, v in buffers.items():
         require(isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], PagedLayout), f"buffers.{role}",
                 f"expected (buffer name, PagedLayout), got {show(v)}")
+        require(role in pools, f"buffers.{role}", f"expected a pool role of {model.name}, one of {sorted(pools)}")
+        lay = v[1]
+        require(lay.layers == len(pools[role].layers), f"buffers.{role}",
+                f"layout {lay.name} has {lay.layers} layers; pool {role} of {model.name} has "
+                f"{len(pools[role].layers)}")
+        for k, r in enumerate(batch.requests):
+            s = r.slots.get(role)
+            if s is not None and len(s):
+                s = np.asarray(s)
+                # NOTE: a layout is layer-major, so an entry past the layer's end would silently
+                # address the next layer's bytes: refused here
+                require(int(s.min()) >= 0 and int(s.max()) < lay.tokens, f"batch.requests[{k}].slots.{role}",
+                        f"expected entries in 0..{lay.tokens - 1} (layout {lay.name}), got "
+                        f"{int(s.min())}..{int(s.max())}")
     if one_step and batch.consumer_index >= 0:
         raise InputError("one_step", f"batch has consumer index {batch.consumer_index}: its per-layer waits "
                          "decide the race verdict, so it is issued per layer")
