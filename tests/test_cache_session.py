@@ -10,9 +10,11 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvrace.cli import main
-from sim.cache import CacheSession, SettleRequired
+from sim.cache import CacheSession, ProducerSlotBusy, SettleRequired
 from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import SessionClosed
@@ -215,11 +217,6 @@ def test_a_finished_session_takes_no_more_calls():
 
 
 # ---------------------------------------------------------------- property: any operation sequence
-
-from hypothesis import HealthCheck, given, settings          # noqa: E402
-from hypothesis import strategies as st                      # noqa: E402
-
-from sim.cache.controller import ProducerSlotBusy            # noqa: E402
 
 #: token sequences share prefixes (matches, splits, load-backs of partial paths)
 _KEYS = [np.arange(0, 24), np.arange(0, 12), np.r_[np.arange(0, 8), np.arange(50, 62)], np.arange(100, 116),
