@@ -127,3 +127,23 @@ def test_configuration_validation_names_the_key():
     with pytest.raises(InputError, match="hypothesis"):
         hypothesis("no-such-switch")
     assert set(CONTROLLER_KEYS) < set(Configuration.__dataclass_fields__)
+
+
+def test_on_v4_the_index_k_switches_expose_no_read_without_the_compressor_state_gate():
+    """A finding of the model, from 0.5.14's order: the indexer compressor fetches its state
+    through the gated get_indexer_compress_states before the index-K read, so on DeepSeek V4
+    ungating the index-K getters alone leaves every index-K read behind its layer's wait;
+    with that getter ungated too (a user switch), every C4 layer's index-K read is exposed."""
+    opts = {"index_k_dtype": "bf16"}
+    for name in ("ungated-index-k", "ungated-index-k-bf16"):
+        c = hypothesis(name).apply(configuration(options=opts))
+        issue, _ = issue_only("deepseek-v4-flash", "", "extend", 0, options=opts, gate=c.gate_map)
+        assert issue.exposed_reads == []
+    both = Hypothesis("ungated-index-k-and-state", "index-K and the indexer compressor state skip the gate",
+                      lambda c: c.replace(gate_map=c.gate_map.override(
+                          {"get_index_k_bf16_buffer": False, "get_indexer_compress_states": False})),
+                      ("gate_map",))
+    c = both.apply(configuration(options=opts))
+    issue, _ = issue_only("deepseek-v4-flash", "", "extend", 0, options=opts, gate=c.gate_map)
+    exposed = issue.exposed_reads
+    assert len(exposed) == 21 and {r.role for r in exposed} == {"index_k"}
