@@ -663,3 +663,56 @@ def test_docs_example_prints_what_the_docs_say(capsys):
     code, printed = re.search(r"```python\n(.*?)```\n\nprints\n\n```\n(.*?)```", text, re.S).groups()
     exec(compile(code, "docs/hicache.md", "exec"), {})
     assert capsys.readouterr().out == printed
+
+
+# ----------------------------------------------------------------- with the real controller
+
+def _session(**kw):
+    from sim.cache import CacheSession
+    return CacheSession(model="mla", layers=2, device_tokens=32, kv_lora_rank=24, qk_rope_head_dim=8,
+                        overlap=False, **kw)
+
+
+def _prefill(s, tokens, owner):
+    slots = s.allocator.alloc(len(tokens))
+    s.store_kv(slots, owner=owner)
+    s.cache.insert(InsertParams(RadixKey(tokens), slots))
+    return slots
+
+
+def test_session_write_back_evict_blocks_until_the_backup_landed():
+    # HiRadixCache.evict under write_back: writing_check(write_back=True) synchronizes the
+    # backup's finish event, so the host waits (simulated time passes) and the host copy
+    # holds the request's bytes when the node becomes host-only
+    s = _session(write_policy="write_back")
+    slots = _prefill(s, list(range(12)), owner=5)
+    t0 = s.now
+    assert s.cache.evict(EvictParams(num_tokens=12)).num_tokens_evicted == 12
+    assert s.now > t0
+    node = node_at(s.tree, range(12))
+    assert node.evicted and s.controller.ack_write_queue == []
+    runs = s.bytes_of("host_kv_buffer", 1, node.host_value)
+    assert [(r[0]["origin"]["owner"], r[0]["first_unit"]) for r in runs] == [(5, d) for d in slots.tolist()]
+
+
+def test_session_resident_slots_hold_stale_bytes_until_the_load_runs():
+    # load_back marks the nodes resident at init_load_back; a second request matching the
+    # prefix gets the new slots before start_loading has issued a copy, and loading_check
+    # releases the lock only once the last layer's event has completed
+    s = _session()
+    _prefill(s, list(range(12)), owner=7)
+    s.wait_idle()
+    s.cache.check_hicache_events()
+    s.cache.evict(EvictParams(num_tokens=12))
+    m = s.cache.match_prefix(MatchPrefixParams(RadixKey(list(range(12)))))
+    loaded, node = s.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
+    second = s.cache.match_prefix(MatchPrefixParams(RadixKey(list(range(12)))))
+    assert second.device_indices.tolist() == loaded.tolist() and second.host_hit_length == 0
+    assert s.owners_of("kv_buffer", 0, loaded) == [-1] * 12        # nothing copied yet
+    assert s.cache.ready_to_load_host_cache() == 0
+    s.cache.check_hicache_events()
+    assert node.lock_ref == 1                                        # the copy is still running
+    s.wait_idle()
+    s.cache.check_hicache_events()
+    assert node.lock_ref == 0 and s.tree.ongoing_load_back == {}
+    assert s.owners_of("kv_buffer", 1, loaded) == [7] * 12

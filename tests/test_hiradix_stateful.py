@@ -88,10 +88,10 @@ class HiCacheMachine(RuleBasedStateMachine):
         # provenance shadow: slot -> (owner, unit); initial contents are (-1, slot)
         self.dev_shadow = {d: (-1, d) for d in range(DEVICE_TOKENS + page_size)}
         self.host_shadow = {}
-        # copies the tree started: (ack or None while queued, host, device, kind, expected)
-        self.pending_loads = []      # queued by load(), not yet started
-        self.loads = []              # started: dicts with ack, producer, device, expected
-        self.writes = []             # dicts with ack, host, device
+        # copies the tree asked for, until their acks are processed (dicts of slot sets)
+        self.pending_loads = []      # queued by load(), not started: host, device, expected
+        self.loads = []              # started: ack, producer, host, device, expected, layers_checked
+        self.writes = []             # ack, host, device
         self._spy()
         for req in first:
             self.insert(req)
