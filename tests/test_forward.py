@@ -29,7 +29,7 @@ COST = CostModel.from_profile(H200)
 
 # ---------------------------------------------------------------- small worlds
 
-def world(model_name: str, pages: int, options=None, roles=None):
+def world(model_name: str, pages: int, options=None, roles=None, hosts=True):
     """Device buffers (role -> (name, layout)) of the model's pools with ``pages`` page rows
     per layer, their host mirrors (every row owned by request 7, v1), and a schedule header
     with streams forward/load/schedule and one load event per layer."""
@@ -42,6 +42,8 @@ def world(model_name: str, pages: int, options=None, roles=None):
         lay = spec.layout(pages)
         buffers[role] = (f"dev_{role}", lay)
         docs.append({"name": f"dev_{role}", "location": "device", "kind": role, "layout": layout_to_json(lay)})
+        if not hosts:
+            continue
         host = host_mirror(lay, "layer_first")
         docs.append({"name": f"host_{role}", "location": "host", "kind": role, "layout": layout_to_json(host),
                      "init": [{"layers": "all", "indices": {"start": 0, "count": lay.pages}, "owner": 7,
@@ -84,7 +86,7 @@ def make_batch(buffers, mode, consumer, pages, rid=7):
 
 def run_forward(model_name, gm, mode, consumer, *, pages=4, load=True, sync_first=False, one_step=False,
                 options=None, roles=None, prof=None):
-    fam, pools, buffers, header = world(model_name, pages, options, roles)
+    fam, pools, buffers, header = world(model_name, pages, options, roles, hosts=load)
     b = make_batch(buffers, mode, consumer, range(pages))
     out = {}
 
