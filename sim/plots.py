@@ -65,7 +65,7 @@ def plot_sweep(rows: list[dict], base: str, *, x: str | None = None, lines: str 
     plt = _pyplot()
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.2 * ncols, 4.4 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(8.5, 6.2 * ncols), 4.4 * nrows + 0.4), squeeze=False)
     cmap = plt.get_cmap("viridis")
     line_values = sorted({r.get(lines) for r in rows}, key=_order) if lines else [None]
     for ax, panel in itertools.zip_longest(axes.flat, panels):
@@ -98,7 +98,7 @@ def plot_sweep(rows: list[dict], base: str, *, x: str | None = None, lines: str 
     trials = sorted({r["trials"] for r in rows})
     fig.suptitle(title or f"{r0.get('generator', 'sweep')}: corrupt fraction against {x} "
                  f"(profile {r0.get('profile')}, {trials[0]}{'-' + str(trials[-1]) if len(trials) > 1 else ''} "
-                 "trials per point)")
+                 "trials per point)", fontsize=10)
     fig.tight_layout()
     try:
         return _save(fig, base)
