@@ -298,3 +298,18 @@ def test_paged_requests_keep_token_j_at_entry_j_mod_page(data):
             assert s // ps == r[j - j % ps] // ps
     pages = {s // ps for s in flat}
     assert not pages & set(int(p) for p in a.free_pages)
+
+
+@pytest.mark.slow
+def test_allocator_machine_deep():
+    """The allocator state machine, many more and longer runs (slow tier)."""
+    class Deep(AllocatorMachine.TestCase):
+        settings = settings(max_examples=1500, stateful_step_count=80, deadline=None)
+    Deep("runTest").runTest()
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None)
+@given(st.data())
+def test_paged_requests_deep(data):
+    test_paged_requests_keep_token_j_at_entry_j_mod_page.hypothesis.inner_test(data)
