@@ -146,3 +146,41 @@ def format_diff(d: list, names=("sglang", "kvrace")) -> str:
         lines.append(f"    {names[0]}: {va}")
         lines.append(f"    {names[1]}: {vb}")
     return "\n".join(lines)
+
+
+def _mirror(sg, kv) -> None:
+    sg.mirror(kv.ack_done("write"), kv.ack_done("load"), kv.slot_done())
+
+
+def run_pair(cfg, ops: list[dict], *, stop_at_first: bool = True):
+    """Run ``ops`` on SGLang's HiRadixCache and kvrace's, observing both after each op.
+
+    Transfers: a ``complete``/``complete_all`` op runs on the kvrace side (simulated time
+    advances until the acks' copies have finished); after every op, whatever transfer
+    completion kvrace reached is mirrored onto the SGLang side (ack by ack, by queue
+    position, and per producer slot).  Returns a list of divergences
+    ``(index, op, diff, sglang observation, kvrace observation)`` (the first only, by
+    default)."""
+    from tests.differential.kvrace_side import KvraceSide
+    from tests.differential.ops import SideDriver
+    from tests.differential.sglang_side import SGLangSide
+
+    sg, kv = SGLangSide(cfg), KvraceSide(cfg)
+    dsg, dkv = SideDriver(sg), SideDriver(kv)
+    out = []
+    for i, op in enumerate(ops):
+        if op["op"] in ("complete", "complete_all"):
+            rk = dkv.apply(op)
+            rs = ("ok",) if op["op"] == "complete" else dsg.apply(op)
+        else:
+            rs = dsg.apply(op)
+            rk = dkv.apply(op)
+        _mirror(sg, kv)
+        a = observe(sg, rs, sg.take_moves())
+        b = observe(kv, rk, kv.take_moves())
+        d = diff(a, b)
+        if d:
+            out.append((i, op, d, a, b))
+            if stop_at_first:
+                break
+    return out

@@ -72,13 +72,15 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
     rng = random.Random(seed)
     vocab = vocab or (4 if page_size == 1 else 3)
     max_pages = max(1, (device_tokens // page_size) // 2)
+    if page_size == 1:
+        max_pages = max(12, (device_tokens // 3))
     pool: list[list[int]] = []
     held: list[int] = []
     next_h = 0
     ops: list[dict] = []
-    weights = {"insert": 6, "match": 2, "lock": 2, "load": 4, "unlock": 3, "ready": 3, "evict": 2,
+    weights = {"insert": 6, "match": 2, "lock": 2, "load": 5, "unlock": 5, "ready": 3, "evict": 3,
                "evict_host": 2, "writing_check": 2, "loading_check": 2, "check_events": 3, "complete": 5,
-               "complete_all": 1}
+               "complete_all": 1, "cycle": 2}
     names = list(weights)
     w = [weights[n] for n in names]
     while len(ops) < length:
@@ -87,28 +89,53 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
             if kind == "insert" or not pool or rng.random() < 0.2:
                 tokens = _sequence(rng, pool, page_size, max_pages, vocab)
             else:
+                # NOTE: mostly a whole earlier sequence (plus a tail), so that host hits reach
+                # the load-back threshold (10 tokens) once its nodes were backed up and evicted
                 base = rng.choice(pool)
-                tokens = base[:rng.randint(1, len(base))] if rng.random() < 0.5 else list(base)
+                r = rng.random()
+                if r < 0.5:
+                    tokens = list(base)
+                elif r < 0.75:
+                    tokens = list(base) + [rng.randrange(vocab) for _ in range(rng.randint(1, 2 * page_size))]
+                else:
+                    tokens = base[:rng.randint(1, len(base))]
             if kind == "insert":
                 pool.append(tokens)
                 ops.append({"op": "insert", "tokens": tokens})
             elif kind == "match":
                 ops.append({"op": "match", "tokens": tokens})
             else:
-                if len(held) >= 3:
+                if len(held) >= 2:
                     continue
                 ops.append({"op": kind, "tokens": tokens, "h": next_h})
                 held.append(next_h)
                 next_h += 1
+        elif kind == "cycle":
+            # a round trip: cache a sequence, let its backup land, push it to the host, ask
+            # for it again (load-back), start the load and poll its ack
+            if not pool or len(held) >= 2:
+                continue
+            tokens = list(rng.choice(pool))
+            ops += [{"op": "insert", "tokens": tokens}, {"op": "complete", "queue": "write", "count": 2},
+                    {"op": "check_events"}, {"op": "evict", "n": device_tokens},
+                    {"op": "load", "tokens": tokens, "h": next_h}, {"op": "ready"}]
+            held.append(next_h)
+            next_h += 1
+            if rng.random() < 0.5:
+                ops += [{"op": "complete", "queue": "load", "count": 1}, {"op": "check_events"}]
         elif kind == "unlock":
             if not held:
                 continue
             h = held.pop(rng.randrange(len(held)))
             ops.append({"op": "unlock", "h": h})
         elif kind in ("evict", "evict_host"):
-            ops.append({"op": kind, "n": rng.randint(1, max(1, device_tokens // 2))})
+            ops.append({"op": kind, "n": rng.randint(1, device_tokens)})
         elif kind == "complete":
             ops.append({"op": "complete", "queue": rng.choice(["write", "load"]), "count": rng.randint(1, 2)})
+            if rng.random() < 0.5:
+                # acks are usually polled soon after the copies finish; this is what lets
+                # backed-up nodes unlock, get evicted to the host and be loaded back
+                ops.append({"op": "check_events"})
         else:
             ops.append({"op": kind})
     # release what is still held, then settle everything, so every run ends drained

@@ -1,0 +1,150 @@
+"""Differential check of kvrace's HiRadixCache against SGLang 0.5.14's own, op by op.
+
+    PYTHONPATH=/path/to/sglang/python:. python benchmarks/differential_cache.py \\
+        [--sequences K] [--length N] [--seed S] [--page-size 1|64 ...] [--policy P ...] \\
+        [--layout L/IO ...] [--no-shrink] [--all]
+
+Runs K random operation sequences (``tests/differential/ops.py``) for every chosen
+configuration on both caches (``tests/differential/sglang_side.py``,
+``tests/differential/kvrace_side.py``), compares the canonical observation after every op
+(``tests/differential/compare.py``) and prints the first divergence: the configuration, the
+op sequence that led there (shrunk by deleting ops while the same field still diverges,
+unless ``--no-shrink``), and the differing fields of both observations.  ``--all`` goes on
+after a divergence and prints one per configuration.  Exit status 1 when any diverged.
+
+Needs torch and SGLang 0.5.14 importable (see tests/differential/README.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+LAYOUTS = ("layer_first/kernel", "page_first/kernel", "page_first_direct/direct", "layer_first/direct")
+POLICIES = ("write_through", "write_through_selective", "write_back")
+
+
+def _short(op: dict) -> str:
+    d = dict(op)
+    if "tokens" in d:
+        t = d["tokens"]
+        d["tokens"] = _runs(t)
+    return json.dumps(d)
+
+
+def _runs(tokens) -> str:
+    """Tokens as runs: ``[0x64, 2x3, 1]``."""
+    out, i = [], 0
+    while i < len(tokens):
+        j = i
+        while j < len(tokens) and tokens[j] == tokens[i]:
+            j += 1
+        out.append(f"{tokens[i]}x{j - i}" if j - i > 1 else str(tokens[i]))
+        i = j
+    return "[" + ", ".join(out) + "]"
+
+
+def _fields(div) -> set:
+    return {f for f, _, _ in div[2]}
+
+
+def shrink(cfg, ops: list[dict], first, budget_s: float = 120.0):
+    """Delete ops (chunks, then single ops) while the run still diverges in one of the same
+    fields; unlock ops whose lock was deleted are dropped with it."""
+    from tests.differential.compare import run_pair
+
+    want = _fields(first)
+    best, best_div = list(ops[:first[0] + 1]), first
+    t0 = time.monotonic()
+
+    def still(cand):
+        held = {o["h"] for o in cand if o["op"] in ("lock", "load")}
+        cand = [o for o in cand if o["op"] != "unlock" or o["h"] in held]
+        r = run_pair(cfg, cand)
+        return (cand, r[0]) if r and _fields(r[0]) & want else (None, None)
+
+    chunk = max(1, len(best) // 2)
+    while chunk >= 1 and time.monotonic() - t0 < budget_s:
+        i, changed = 0, False
+        while i < len(best) and time.monotonic() - t0 < budget_s:
+            cand, div = still(best[:i] + best[i + chunk:])
+            if cand is not None:
+                best, best_div, changed = cand[:div[0] + 1], div, True
+            else:
+                i += chunk
+        if not changed:
+            chunk //= 2
+    return best, best_div
+
+
+def report(cfg, ops, div) -> str:
+    from tests.differential.compare import format_diff
+
+    i, op, d, _a, _b = div
+    lines = [f"DIVERGENCE  {cfg.describe()}", f"  at op {i}: {_short(op)}", "  ops:"]
+    lines += [f"    {k:3d} {_short(o)}" for k, o in enumerate(ops[:i + 1])]
+    lines.append("  observation diff (sglang vs kvrace):")
+    lines.append(format_diff(d))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sequences", type=int, default=20, help="sequences per configuration (20)")
+    ap.add_argument("--length", type=int, default=60, help="random ops per sequence (60)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--page-size", type=int, nargs="+", default=[1, 64], choices=[1, 64])
+    ap.add_argument("--policy", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--layout", nargs="+", default=[LAYOUTS[0]], choices=LAYOUTS)
+    ap.add_argument("--need-sort", action="store_true", help="allocators with need_sort (PD disaggregation)")
+    ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--all", action="store_true", help="report one divergence per configuration")
+    args = ap.parse_args(argv)
+
+    from tests.differential.sglang_side import DiffConfig, sglang_available
+
+    ok, why = sglang_available()
+    if not ok:
+        print(why, file=sys.stderr)
+        return 2
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate
+
+    diverged = 0
+    total_ops = 0
+    t0 = time.monotonic()
+    for ps in args.page_size:
+        dev = 48 if ps == 1 else 512
+        for policy in args.policy:
+            for lay in args.layout:
+                layout, io = lay.split("/")
+                cfg = DiffConfig(page_size=ps, device_tokens=dev, write_policy=policy, layout=layout,
+                                 io_backend=io, need_sort=args.need_sort)
+                for k in range(args.sequences):
+                    seed = args.seed * 100003 + k
+                    ops = generate(seed, args.length, page_size=ps, device_tokens=dev)
+                    res = run_pair(cfg, ops)
+                    total_ops += len(ops) if not res else res[0][0] + 1
+                    if not res:
+                        continue
+                    diverged += 1
+                    sops, sdiv = (ops[:res[0][0] + 1], res[0]) if args.no_shrink else shrink(cfg, ops, res[0])
+                    print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]")
+                    print(report(cfg, sops, sdiv))
+                    print()
+                    if not args.all:
+                        return 1
+                    break
+                else:
+                    print(f"ok  {cfg.describe()}: {args.sequences} sequences")
+    dt = time.monotonic() - t0
+    print(f"{total_ops} ops compared in {dt:.1f} s; {diverged} configuration(s) diverged")
+    return 1 if diverged else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
