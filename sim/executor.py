@@ -349,7 +349,7 @@ class Executor:
         if op.op == "copy":
             src, dst = self.buffers[op.src], self.buffers[op.dst]
             c = self.clipped[op.id] = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
-            if not (np.array_equal(c.copy_len, c.length) and np.array_equal(c.fill_end, c.length)):
+            if c.length.size and int((c.length - c.copy_len).max()) > 0:     # some extent leaves a buffer
                 self.oob.extend(self._oob_reports(op, op.plan.extents, src, dst))
         if self.online is not None:
             self.online.issued(op, c)
@@ -444,6 +444,11 @@ class Executor:
         """Apply every item that has landed by time t, in landing order."""
         landed = []
         for cp in self.active:
+            if cp.end_abs.size == 1:            # one item (a page copy): no grouping
+                if cp.applied == 0 and cp.end_abs[0] <= t:
+                    landed.append((float(cp.end_abs[0]), cp.op.index, cp, 0, 1))
+                    cp.applied = 1
+                continue
             n = int(np.searchsorted(cp.end_abs, t, side="right"))
             if n > cp.applied:
                 # group by landing time so two copies' items interleave correctly

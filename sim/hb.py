@@ -854,19 +854,21 @@ class RaceTracker:
             if lb.n:
                 rows = lb.rows[:lb.n]
                 S, E = rows[:, 0], rows[:, 1]
-                concurrent = clock[rows[:, 3]] < rows[:, 4]
                 hit_ops = []
                 for _, w, s, e in mine:
                     if s.size == 1:
-                        m = (S < int(e[0])) & (E > int(s[0]))
+                        idx = np.flatnonzero((S < int(e[0])) & (E > int(s[0])))
                     else:
                         j = np.searchsorted(e, S, side="right")
-                        m = (j < s.size) & (s[np.minimum(j, s.size - 1)] < E)
-                    m &= concurrent
+                        idx = np.flatnonzero((j < s.size) & (s[np.minimum(j, s.size - 1)] < E))
+                    if not idx.size:
+                        continue
+                    sub = rows[idx]                # overlapping intervals: few
+                    m = clock[sub[:, 3]] < sub[:, 4]
                     if not w:
-                        m &= rows[:, 5] == 1
+                        m &= sub[:, 5] == 1
                     if m.any():
-                        hit_ops.append(rows[m, 2])
+                        hit_ops.append(sub[m, 2])
                 if hit_ops:
                     ops = np.unique(np.concatenate(hit_ops)) if len(hit_ops) > 1 or hit_ops[0].size > 1 \
                         else hit_ops[0]

@@ -152,6 +152,17 @@ class Memory:
     def apply_copy(self, src: str, dst: str, c: Clipped, sel=slice(None), done=None) -> None:
         """Apply extents ``sel`` of a clipped copy; ``done`` (bytes per selected
         extent) applies only that prefix of each (an in-flight item)."""
+        if done is None and c.copy_len[sel].size == 1:      # one extent: plain integers
+            k = range(c.copy_len.size)[sel][0]
+            n_copy, f0, f1 = int(c.copy_len[k]), int(c.fill_start[k]), int(c.fill_end[k])
+            s, d = int(c.src[k]), int(c.dst[k])
+            if n_copy > 0:
+                for m_src, m_dst in zip(self._models(src), self._models(dst)):
+                    m_dst.copy_from(m_src, s, d, n_copy)
+            if f1 > f0:
+                for m in self._models(dst):
+                    m.fill(d + f0, f1 - f0, oob_origin(src), s + f0 - c.src_nbytes)
+            return
         n_copy = c.copy_len[sel]
         f0, f1 = c.fill_start[sel], c.fill_end[sel]
         if done is not None:

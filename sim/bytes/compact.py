@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import struct
 
 from dataclasses import dataclass
 
@@ -490,6 +491,12 @@ class CompactBuffer:
     @classmethod
     def _from_segments(cls, nbytes, table, start, oid, soff) -> "CompactBuffer":
         buf = cls.__new__(cls)
+        if 0 < len(start) <= cls.block_segments:      # one block, as _replace would cut it
+            buf.nbytes, buf.table = int(nbytes), table
+            buf._bs, buf._bo, buf._bf = [start], [oid], [soff]
+            buf._first = start[:1].copy()
+            buf._count = len(start)
+            return buf
         buf._init(nbytes, table, start, oid, soff)
         return buf
 
@@ -555,9 +562,16 @@ class CompactBuffer:
     def provenance_digest(self) -> str:
         """sha256 (hex) of the buffer's size and canonical segments: equal provenance
         means equal bytes; it costs O(segments), not O(bytes)."""
-        if self._count <= 8 and len(self._bs) == 1:      # a few segments: no numpy sorting
-            st, oid, so = self.coalesced_segments()
-            keys = np.array([origin_key(self.table[i]) for i in oid.tolist()], dtype=_I64)
+        if self._count <= 8 and len(self._bs) == 1:      # a few segments: plain Python, same bytes
+            rows, last = [], None
+            for s, o, f in zip(self._bs[0].tolist(), self._bo[0].tolist(), self._bf[0].tolist()):
+                if last is not None and o == last[1] and f == last[2] + (s - last[0]):
+                    continue                               # continues the run before it
+                last = (s, o, f)
+                rows += [s, origin_key(self.table[o]), f]
+            h = hashlib.sha256(b"kvrace-provenance-v1" + struct.pack("<q", self.nbytes))
+            h.update(struct.pack(f"<{len(rows)}q", *rows))
+            return h.hexdigest()
         else:
             st, keys, so = self.canonical_segments()
         h = hashlib.sha256(b"kvrace-provenance-v1" + np.int64(self.nbytes).tobytes())
