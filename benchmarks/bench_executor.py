@@ -17,7 +17,8 @@ other's slots.  A request is ``2 + 6 * LAYERS`` ops.
   the reused slot finished) with a 5 us delay between polls.
 
 Each size runs in its own process (peak RSS is per process: ``ru_maxrss``),
-compact mode (no materialised bytes), profile ``h200``.  Reported: ops, wall
+compact mode (no materialised bytes), profile ``h200``; ``--keep report`` runs with
+``keep="report"`` (verdicts computed while running, nothing kept per op).  Reported: ops, wall
 seconds for the run alone and for run + verdicts (``analyse``), ops per wall
 second for both, peak RSS.
 """
@@ -107,7 +108,7 @@ def program(n_requests: int, host_pages: int):
     return prog
 
 
-def measure(mode: str, n_ops: int) -> dict:
+def measure(mode: str, n_ops: int, keep: str = "all") -> dict:
     from sim.executor import run_programs, run_schedule
     from sim.profile import load_profile
     from sim.schedule import validate
@@ -118,16 +119,16 @@ def measure(mode: str, n_ops: int) -> dict:
     t0 = time.perf_counter()
     if mode == "static":
         # NOTE: a document is limited to MAX_OPS ops; the benchmark lifts the bound (max_ops=None)
-        run = run_schedule(validate(static_doc(n_req), max_ops=None), prof, materialise=False)
+        run = run_schedule(validate(static_doc(n_req), max_ops=None), prof, materialise=False, keep=keep)
     else:
         doc = header(n_req)
         run = run_programs(doc, {"host": program(n_req, doc["buffers"][0]["layout"]["units"])}, prof,
-                           materialise=False)
+                           materialise=False, keep=keep)
     t_run = time.perf_counter() - t0
     rep = analyse(run)
     t_all = time.perf_counter() - t0
-    ops = len(run.schedule.ops)
-    return {"mode": mode, "ops": ops, "requests": n_req, "run_s": round(t_run, 2),
+    ops = run.n_ops
+    return {"mode": mode, "keep": keep, "ops": ops, "requests": n_req, "run_s": round(t_run, 2),
             "run_and_verdicts_s": round(t_all, 2), "ops_per_s_run": round(ops / t_run),
             "ops_per_s_with_verdicts": round(ops / t_all),
             "corrupt_reads": rep["corrupt_reads"],
@@ -139,10 +140,12 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--modes", nargs="+", default=["static", "program"], choices=["static", "program"])
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per (mode, size) process")
+    ap.add_argument("--keep", default="all", choices=["all", "report"],
+                    help="what a run keeps: everything (default) or the report only (verdicts while running)")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "OPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one[0], int(args.one[1]))))
+        print(json.dumps(measure(args.one[0], int(args.one[1]), args.keep)))
         return
     print(f"# {platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}, "
           f"{time.strftime('%Y-%m-%d')}")
@@ -151,8 +154,8 @@ def main() -> None:
     for n in args.sizes:
         for mode in args.modes:
             try:
-                out = subprocess.run([sys.executable, __file__, "--one", mode, str(n)], capture_output=True,
-                                     text=True, timeout=args.timeout)
+                out = subprocess.run([sys.executable, __file__, "--one", mode, str(n), "--keep", args.keep],
+                                     capture_output=True, text=True, timeout=args.timeout)
             except subprocess.TimeoutExpired:
                 print(f"| {mode} | {n} | over {args.timeout:.0f} s | | | | |", flush=True)
                 continue

@@ -176,9 +176,17 @@ def _apply(run, events) -> Memory:
     return mem
 
 
+def _whole(run) -> None:
+    """A window is cut from a run's recorded ops and effects: a keep="report" run has neither."""
+    if getattr(run, "kept", "all") != "all":
+        raise InputError("window", "a window is cut from a run kept whole; expected a run with keep='all' "
+                         "(this one kept its report only)")
+
+
 def snapshot_at(run, before_us: float) -> Memory:
     """The run's memory (compact model) with every mutation that happened before
     ``before_us`` applied, in the executor's order (see :func:`_events`)."""
+    _whole(run)
     return _apply(run, [e for e in _events(run) if e[0] < before_us])
 
 
@@ -320,6 +328,7 @@ def cut_window(run, *, t0: float | None = None, t1: float | None = None, ops=Non
     it is returned; op ids of kept ops are the run's."""
     if run.profile is None:
         raise InputError("window", "expected a run of run_schedule or run_programs, not a reference run")
+    _whole(run)
     s = run.schedule
     accesses = _events(run)
     hb = HappensBefore(s)
@@ -463,6 +472,7 @@ def window_ties(run, doc: dict) -> TieBreak:
     ops of the cut that meet at one same-instant gate go in the run's order even
     where the cut's syncs or the run's own seeded/explicit ties would put them
     otherwise (``run_schedule(validate(doc), profile, ties=window_ties(run, doc))``)."""
+    _whole(run)
     ids = {d.get("id") for d in doc.get("ops", [])}
     rw = sorted((o for o in run.schedule.ops if o.id in ids and o.op in ("read", "write")),
                 key=lambda o: run.access_seq[o.id])

@@ -18,6 +18,7 @@ from sim.executor import run_programs, run_schedule
 from sim.hb import HappensBefore, OnlineClocks, RaceTracker, accesses, race_scan
 from sim.schedule import ScheduleBuilder, validate
 from sim.verdicts import analyse
+from sim.window import cut_window
 from tests.helpers import profile
 from tests.strategies import EVENTS, STREAMS, base_buffers, rich_schedules, schedules
 from tests.test_host_programs_property import HOSTS, program, step
@@ -76,6 +77,8 @@ def test_report_run_equals_whole_run_analysis_on_host_programs(a, b, n_barriers,
     assert kept_run.n_ops == len(full_run.schedule.ops)
     with pytest.raises(InputError, match="keep='report'"):
         kept_run.recorded
+    with pytest.raises(InputError, match="keep='all'"):
+        cut_window(kept_run, t0=0.0, t1=1.0)
 
 
 @SETTINGS
