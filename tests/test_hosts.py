@@ -212,10 +212,12 @@ def test_barrier_listed_out_of_issue_order_is_refused():
 def test_version_1_files_still_load_as_one_host():
     import glob
 
-    for path in sorted(glob.glob("examples/*.json")):
+    paths = [p for p in sorted(glob.glob("examples/*.json"))
+             if json.load(open(p))["kvrace_schedule"] == 1]
+    assert len(paths) >= 4
+    for path in paths:
         with open(path) as f:
             doc = json.load(f)
-        assert doc["kvrace_schedule"] == 1
         s = validate(doc)
         assert s.hosts == ("host",) and {op.host for op in s.ops} == {"host"}
         run = run_schedule(s, P)
