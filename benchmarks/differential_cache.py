@@ -101,6 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--policy", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--layout", nargs="+", default=[LAYOUTS[0]], choices=LAYOUTS)
     ap.add_argument("--need-sort", action="store_true", help="allocators with need_sort (PD disaggregation)")
+    ap.add_argument("--ratio", type=float, nargs="+", default=[2.0],
+                    help="hicache_ratio values (2.0; 1.1 keeps the host pool nearly full)")
+    ap.add_argument("--scenarios", action="store_true", help="also run the hand-written scenarios")
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--all", action="store_true", help="report one divergence per configuration")
     args = ap.parse_args(argv)
@@ -112,7 +115,7 @@ def main(argv=None) -> int:
         print(why, file=sys.stderr)
         return 2
     from tests.differential.compare import run_pair
-    from tests.differential.ops import generate
+    from tests.differential.ops import SCENARIOS, generate
 
     diverged = 0
     total_ops = 0
@@ -120,27 +123,34 @@ def main(argv=None) -> int:
     for ps in args.page_size:
         dev = 48 if ps == 1 else 512
         for policy in args.policy:
-            for lay in args.layout:
+            for lay, ratio in ((lay, r) for lay in args.layout for r in args.ratio):
                 layout, io = lay.split("/")
                 cfg = DiffConfig(page_size=ps, device_tokens=dev, write_policy=policy, layout=layout,
-                                 io_backend=io, need_sort=args.need_sort)
-                for k in range(args.sequences):
-                    seed = args.seed * 100003 + k
-                    ops = generate(seed, args.length, page_size=ps, device_tokens=dev)
+                                 io_backend=io, need_sort=args.need_sort, hicache_ratio=ratio)
+                runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
+                if args.scenarios:
+                    runs += [(name, fn) for name, fn in SCENARIOS.items()]
+                for seed, fn in runs:
+                    if fn is None:
+                        ops = generate(seed, args.length, page_size=ps, device_tokens=dev)
+                    elif seed == "fourth_load":
+                        ops = fn(ps, dev)
+                    else:
+                        ops = fn(ps)
                     res = run_pair(cfg, ops)
                     total_ops += len(ops) if not res else res[0][0] + 1
                     if not res:
                         continue
                     diverged += 1
                     sops, sdiv = (ops[:res[0][0] + 1], res[0]) if args.no_shrink else shrink(cfg, ops, res[0])
-                    print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]")
+                    print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]", flush=True)
                     print(report(cfg, sops, sdiv))
                     print()
                     if not args.all:
                         return 1
                     break
                 else:
-                    print(f"ok  {cfg.describe()}: {args.sequences} sequences")
+                    print(f"ok  {cfg.describe()}: {len(runs)} sequences", flush=True)
     dt = time.monotonic() - t0
     print(f"{total_ops} ops compared in {dt:.1f} s; {diverged} configuration(s) diverged")
     return 1 if diverged else 0

@@ -24,14 +24,14 @@ An observation is a dict of plain data:
 * ``device_free``: ``free_pages`` and ``release_pages`` in order, ``available_size``;
   ``host_free``: ``free_slots`` in order, ``available_size``;
 * ``result``: the op's result (``SideDriver.apply``); ``moves``: the slots the op moved
-  (device/host alloc/free in call order, the write and load copies with host and device
-  indices).
+  (device/host alloc/free in call order); ``copies``: the write and load copies it issued
+  (host and device indices), in issue order.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["observe", "diff", "format_diff"]
+__all__ = ["observe", "diff", "format_diff", "compress", "run_pair"]
 
 
 def _lst(side, arr):
@@ -91,9 +91,15 @@ def observe(side, result=None, moves=None) -> dict:
     acks = {}
     for q, queue in (("write", ctl.ack_write_queue), ("load", ctl.ack_load_queue)):
         acks[q] = [[bool(side.event_done(a[1])), [idname(i) for i in a[2]]] for a in queue]
+    moves = list(moves or [])
     obs = {
         "result": result,
-        "moves": moves,
+        # NOTE: slot moves and copies are kept apart: with the direct io backend kvrace issues
+        # a backup's copy when the call settles (after SGLang's blocking index D2H), i.e.
+        # after bookkeeping the same call does later in Python; within one call nothing else
+        # touches those slots, so only each list's own order is compared (FINDINGS.md, F1)
+        "moves": [m for m in moves if not m[0].endswith("_copy")],
+        "copies": [m for m in moves if m[0].endswith("_copy")],
         "tree": [tree(ch) for ch in sorted(root.children.values(), key=lambda ch: side.token_list(ch.key))],
         "evictable_size": int(cache.evictable_size()),
         "protected_size": int(cache.protected_size()),
@@ -139,12 +145,30 @@ def diff(a: dict, b: dict) -> list[tuple[str, Any, Any]]:
     return out
 
 
+def compress(x):
+    """Long runs of equal ints as ``"7x64"`` strings (page-64 keys stay readable)."""
+    if isinstance(x, (list, tuple)):
+        if len(x) > 8 and all(isinstance(v, int) and not isinstance(v, bool) for v in x):
+            out, i = [], 0
+            while i < len(x):
+                j = i
+                while j < len(x) and x[j] == x[i]:
+                    j += 1
+                out.append(f"{x[i]}x{j - i}" if j - i > 1 else x[i])
+                i = j
+            return out
+        return [compress(v) for v in x]
+    if isinstance(x, dict):
+        return {k: compress(v) for k, v in x.items()}
+    return x
+
+
 def format_diff(d: list, names=("sglang", "kvrace")) -> str:
     lines = []
     for field, va, vb in d:
         lines.append(f"  {field}:")
-        lines.append(f"    {names[0]}: {va}")
-        lines.append(f"    {names[1]}: {vb}")
+        lines.append(f"    {names[0]}: {compress(va)}")
+        lines.append(f"    {names[1]}: {compress(vb)}")
     return "\n".join(lines)
 
 

@@ -32,7 +32,8 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-__all__ = ["generate", "apply_op", "SideDriver", "error_family", "OPS"]
+__all__ = ["generate", "apply_op", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
+           "scenario_split_pending_backup"]
 
 OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
        "loading_check", "check_events", "complete", "complete_all")
@@ -241,3 +242,39 @@ class SideDriver:
 def apply_op(driver: SideDriver, op: dict):
     """``driver.apply(op)`` (a function for symmetry with the comparison)."""
     return driver.apply(op)
+
+
+def scenario_fourth_load(page_size: int = 1, device_tokens: int = 48) -> list[dict]:
+    """Four load-backs started without any completing: the fourth ``start_loading`` reuses
+    producer slot 0 whose load has not finished (SGLang asserts in ``update_producer``,
+    after advancing the index); then everything completes and is polled."""
+    n = 10 if page_size == 1 else page_size
+    seqs = [[k + 1] * n for k in range(4)]
+    ops: list[dict] = []
+    for s in seqs:
+        ops += [{"op": "insert", "tokens": s}]
+    ops += [{"op": "complete_all"}, {"op": "check_events"}, {"op": "evict", "n": device_tokens}]
+    for h, s in enumerate(seqs):
+        ops += [{"op": "load", "tokens": s, "h": h}, {"op": "ready"}]
+    ops += [{"op": "ready"}, {"op": "complete_all"}, {"op": "check_events"}, {"op": "ready"},
+            {"op": "complete_all"}, {"op": "check_events"}]
+    ops += [{"op": "unlock", "h": h} for h in range(4)]
+    return ops
+
+
+def scenario_split_pending_backup(page_size: int = 1) -> list[dict]:
+    """A backup in flight over a node that a match then splits (SGLang moves the pending
+    ack onto both halves: ``_replace_pending_write_through_node``), and an insert that
+    diverges inside it; the ack completes afterwards."""
+    p = page_size
+    a = [1] * (3 * p) + [2] * (3 * p)
+    b = [1] * (3 * p) + [3] * (2 * p)
+    return [{"op": "insert", "tokens": a}, {"op": "match", "tokens": a[:2 * p]},
+            {"op": "insert", "tokens": b}, {"op": "complete", "queue": "write", "count": 1},
+            {"op": "check_events"}, {"op": "complete_all"}, {"op": "check_events"},
+            {"op": "evict", "n": 100 * p}, {"op": "load", "tokens": a, "h": 0}, {"op": "ready"},
+            {"op": "complete_all"}, {"op": "check_events"}, {"op": "unlock", "h": 0}]
+
+
+#: hand-written sequences for behaviours random sequences reach rarely
+SCENARIOS = {"fourth_load": scenario_fourth_load, "split_pending_backup": scenario_split_pending_backup}

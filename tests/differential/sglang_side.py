@@ -52,7 +52,7 @@ class DiffConfig:
     """One differential run's cache configuration (shared by both sides)."""
 
     page_size: int = 1
-    device_tokens: int = 32
+    device_tokens: int = 48
     layers: int = 2
     hicache_ratio: float = 2.0
     layout: str = "layer_first"
@@ -64,7 +64,8 @@ class DiffConfig:
 
     def describe(self) -> str:
         return (f"page_size={self.page_size} device_tokens={self.device_tokens} layers={self.layers} "
-                f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}")
+                f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}"
+                + (" need_sort" if self.need_sort else ""))
 
 
 def sglang_available() -> tuple[bool, str]:

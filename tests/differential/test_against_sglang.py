@@ -23,6 +23,14 @@ CONFIGS = [
     for ps in (1, 64)
     for pol in ("write_through", "write_through_selective", "write_back")
     for lay, io in (("layer_first", "kernel"), ("page_first_direct", "direct"))
+] + [
+    # host pool barely larger than the device pool: backups fail, evict_host runs inside them
+    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, write_policy=pol, hicache_ratio=1.1)
+    for ps in (1, 64) for pol in ("write_through", "write_back")
+] + [
+    # allocators with need_sort (PD disaggregation): frees go to release_pages, merged sorted
+    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, layout="page_first", need_sort=True)
+    for ps in (1, 64)
 ]
 
 
@@ -35,7 +43,12 @@ def _report(cfg, ops, div) -> str:
     return "\n".join(lines) + "\n" + format_diff(d)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"p{c.page_size}-{c.write_policy}-{c.layout}-{c.io_backend}")
+def _id(c) -> str:
+    return (f"p{c.page_size}-{c.write_policy}-{c.layout}-{c.io_backend}-r{c.hicache_ratio}"
+            + ("-sorted" if c.need_sort else ""))
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
 def test_random_sequences_agree_op_by_op(cfg):
     from tests.differential.compare import run_pair
     from tests.differential.ops import generate
@@ -44,6 +57,33 @@ def test_random_sequences_agree_op_by_op(cfg):
         ops = generate(seed, LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
         res = run_pair(cfg, ops)
         assert not res, _report(cfg, ops, res[0])
+
+
+@pytest.mark.parametrize("name", ["fourth_load", "split_pending_backup"])
+@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.hicache_ratio == 2.0 and not c.need_sort], ids=_id)
+def test_scenarios_agree_op_by_op(cfg, name):
+    """The hand-written sequences: a fourth load while producer slot 0 is busy (both raise
+    an AssertionError-kind error and leave the same state), and a split of a node whose
+    backup is in flight."""
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import SCENARIOS
+
+    fn = SCENARIOS[name]
+    ops = fn(cfg.page_size, cfg.device_tokens) if name == "fourth_load" else fn(cfg.page_size)
+    res = run_pair(cfg, ops)
+    assert not res, _report(cfg, ops, res[0])
+
+
+def test_fourth_load_asserts_in_sglang():
+    """The scenario really reaches SGLang's producer-slot assert (so its agreement means
+    something)."""
+    from tests.differential.ops import SideDriver, scenario_fourth_load
+    from tests.differential.sglang_side import SGLangSide
+
+    side = SGLangSide(DiffConfig())
+    d = SideDriver(side)
+    results = [d.apply(op) for op in scenario_fourth_load(1, 48)]
+    assert ("raise", "AssertionError") in results
 
 
 def test_harness_detects_a_changed_rule(monkeypatch):
@@ -83,4 +123,4 @@ def test_sglang_side_is_sglangs_code():
     assert type(side.cache) is HiRadixCache
     assert type(side.controller) is HiCacheController
     assert type(side.host_pool) is MLATokenToKVPoolHost
-    assert side.host_pool.size == (int(32 * 2.0) // 1 + 1)
+    assert side.host_pool.size == int(48 * 2.0) // 1 + 1   # page_num = size // page_size + 1
