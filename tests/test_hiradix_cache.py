@@ -6,7 +6,6 @@ Each test names the SGLang function whose behaviour it pins down; the expected v
 worked out by reading that function."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from sim.cache.hiradix import HiRadixCache
