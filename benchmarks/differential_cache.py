@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--length", type=int, default=60, help="random ops per sequence (60)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--page-size", type=int, nargs="+", default=[1, 64], choices=[1, 64])
+    ap.add_argument("--model", nargs="+", default=["mla"], choices=["mla", "dsa"],
+                    help="device pool family (dsa: page size 64 only; SGLang's HostPoolGroup + HybridCacheController)")
     ap.add_argument("--policy", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--layout", nargs="+", default=[LAYOUTS[0]], choices=LAYOUTS)
     ap.add_argument("--need-sort", action="store_true", help="allocators with need_sort (PD disaggregation)")
@@ -120,12 +122,12 @@ def main(argv=None) -> int:
     diverged = 0
     total_ops = 0
     t0 = time.monotonic()
-    for ps in args.page_size:
+    for model, ps in ((m, p) for m in args.model for p in args.page_size if m == "mla" or p == 64):
         dev = 48 if ps == 1 else 512
         for policy in args.policy:
             for lay, ratio in ((lay, r) for lay in args.layout for r in args.ratio):
                 layout, io = lay.split("/")
-                cfg = DiffConfig(page_size=ps, device_tokens=dev, write_policy=policy, layout=layout,
+                cfg = DiffConfig(model=model, page_size=ps, device_tokens=dev, write_policy=policy, layout=layout,
                                  io_backend=io, need_sort=args.need_sort, hicache_ratio=ratio)
                 runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
                 if args.scenarios:

@@ -37,10 +37,11 @@ class KvraceSide:
         self.records = records
         self.RadixKey = RadixKey
         self.session = CacheSession({
-            "model": "mla", "layers": cfg.layers, "page_size": cfg.page_size, "device_tokens": cfg.device_tokens,
+            "model": cfg.model, "layers": cfg.layers, "page_size": cfg.page_size, "device_tokens": cfg.device_tokens,
             "hicache_ratio": cfg.hicache_ratio, "layout": cfg.layout, "io_backend": cfg.io_backend,
-            "write_policy": cfg.write_policy, "kv_lora_rank": cfg.kv_lora_rank,
-            "qk_rope_head_dim": cfg.qk_rope_head_dim, "materialise": False})
+            "write_policy": cfg.write_policy, "materialise": False,
+            **({"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
+               if cfg.model == "mla" else {})})
         self.cache = self.session.cache          # settled calls
         self.tree = self.session.tree
         self.controller = self.session.controller
@@ -123,7 +124,8 @@ class KvraceSide:
         return self.allocator
 
     def host_obj(self):
-        return self.host_pool
+        group = getattr(self.host_pool, "anchor_entry", None)
+        return self.host_pool if group is None else group.host_pool
 
     def event_done(self, event) -> bool:
         return bool(self.controller._record_complete(event.name))

@@ -11,7 +11,8 @@ device pool (``MLATokenToKVPool`` on ``"cpu"``) and the host pool
 Stood in (each one a module attribute or instance attribute replaced by
 :func:`install_stand_ins` / :class:`SGLangSide`, nothing else touched):
 
-1. ``cache_controller.device_module`` (``torch.cuda`` on a GPU machine) ->
+1. ``cache_controller.device_module`` and ``hybrid_cache_controller.device_module``
+   (``torch.cuda`` on a GPU machine) ->
    :class:`CpuDeviceModule`: ``Event`` / ``Stream`` / ``stream(...)`` / ``current_stream()``.
    A :class:`StandInEvent` is complete until it is recorded, pending after ``record()``,
    and complete again when the driver says so (:meth:`CpuDeviceModule.complete_through`) or
@@ -49,8 +50,12 @@ __all__ = ["CpuDeviceModule", "StandInEvent", "SGLangSide", "DiffConfig", "sglan
 
 @dataclass(frozen=True)
 class DiffConfig:
-    """One differential run's cache configuration (shared by both sides)."""
+    """One differential run's cache configuration (shared by both sides).  ``model``:
+    ``"mla"`` (``MLATokenToKVPool``) or ``"dsa"`` (``DSATokenToKVPool``: fp8 latent plus the
+    index-K sidecar, page size 64; SGLang then builds a ``HostPoolGroup`` and a
+    ``HybridCacheController``)."""
 
+    model: str = "mla"
     page_size: int = 1
     device_tokens: int = 48
     layers: int = 2
@@ -63,7 +68,7 @@ class DiffConfig:
     need_sort: bool = False
 
     def describe(self) -> str:
-        return (f"page_size={self.page_size} device_tokens={self.device_tokens} layers={self.layers} "
+        return (f"{self.model} page_size={self.page_size} device_tokens={self.device_tokens} layers={self.layers} "
                 f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}"
                 + (" need_sort" if self.need_sort else ""))
 
@@ -221,6 +226,10 @@ def install_stand_ins() -> None:
     CpuDeviceModule.active = mod
     _installed["device_module"] = cache_controller.device_module
     cache_controller.device_module = mod
+    # the DSA path's HybridCacheController reads its own module-level device_module
+    from sglang.srt.mem_cache.hybrid_cache import hybrid_cache_controller
+
+    hybrid_cache_controller.device_module = mod
     _installed["host_register"] = host_common._cuda_host_register
     host_common._cuda_host_register = lambda buffer: None
     clock = LogicalMonotonic(time)
@@ -268,9 +277,18 @@ class SGLangSide:
         cc_mod.CacheOperation.counter = 0
         self.records = bpc
         self.RadixKey = RadixKey
-        dtype = torch.bfloat16
-        self.device_pool = MLATokenToKVPool(cfg.device_tokens, cfg.page_size, dtype, cfg.kv_lora_rank,
-                                            cfg.qk_rope_head_dim, cfg.layers, "cpu", False)
+        if cfg.model == "dsa":
+            from sglang.srt.mem_cache.memory_pool import DSATokenToKVPool
+
+            # the fp8 latent (512 nope + 4 x 4 B scales + 64 x 2 B rope = 656 B) and the
+            # index-K pages, as SGLang sizes them for DeepSeek V3.2
+            dtype = torch.float8_e4m3fn
+            self.device_pool = DSATokenToKVPool(cfg.device_tokens, cfg.page_size, 512, dtype, 64, cfg.layers,
+                                                "cpu", 128, False, 656)
+        else:
+            dtype = torch.bfloat16
+            self.device_pool = MLATokenToKVPool(cfg.device_tokens, cfg.page_size, dtype, cfg.kv_lora_rank,
+                                                cfg.qk_rope_head_dim, cfg.layers, "cpu", False)
         if cfg.page_size == 1:
             self.allocator = TokenToKVPoolAllocator(cfg.device_tokens, dtype, "cpu", self.device_pool,
                                                     cfg.need_sort)
@@ -319,10 +337,11 @@ class SGLangSide:
             moves.append(("host_free", _to_list(indices)))
             return hfree(indices)
 
-        def backup(device_pool, host_indices, device_indices, io_backend):
+        # NOTE: the anchor's indices only (a HostPoolGroup's sidecars take theirs from it)
+        def backup(device_pool, host_indices, device_indices, io_backend, **_pool_transfers):
             moves.append(("write_copy", _to_list(host_indices), _to_list(device_indices)))
 
-        def load(device_pool, host_indices, device_indices, layer_id, io_backend):
+        def load(device_pool, host_indices, device_indices, layer_id, io_backend, **_pool_transfers):
             if layer_id == 0:
                 moves.append(("load_copy", _to_list(host_indices), _to_list(device_indices)))
 
@@ -362,7 +381,8 @@ class SGLangSide:
         return self.allocator
 
     def host_obj(self):
-        return self.host_pool
+        group = getattr(self.host_pool, "anchor_entry", None)
+        return self.host_pool if group is None else group.host_pool
 
     @staticmethod
     def event_done(event) -> bool:
