@@ -16,6 +16,9 @@ a ``wait`` and a latent read on ``forward_d``).
   before reusing a ring slot it polls ``query`` on the slot's last event every 5 us
   (each poll is a ``host_query`` and a ``host_delay`` op), and the ranks meet at a
   ``barrier`` after every request (TP lockstep).  ``run_programs(..., keep="report")``.
+  A size counts the ops issued, polls and barriers included (about
+  ``PROGRAM_OPS_PER_REQUEST`` per request and rank), so a program of size N
+  runs fewer requests than a static schedule of size N.
 
 Each (mode, size) runs in its own process, compact mode (``materialise=False``),
 profile ``h200``; the verdicts (``analyse``) are included in every time.  Reported:
@@ -40,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_executor import DEVICE_PAGES, HOST_PAGES, LAYERS, PAGES, RING  # noqa: E402
 
 OPS_PER_REQUEST = 2 + 6 * LAYERS
+#: ops a program issues per request and rank, polls and barrier included (measured: 35,120 ops
+#: for 5 requests on 8 ranks); program runs are sized by it, so "ops" is what was issued
+PROGRAM_OPS_PER_REQUEST = 878
 
 
 def header(devices: int, requests_per_rank: int) -> dict:
@@ -84,8 +90,9 @@ def request_ops(d: int, r: int, host_pages: int) -> list[dict]:
     return ops
 
 
-def requests_for(n_ops: int, devices: int) -> int:
-    return max(1, round(n_ops / (OPS_PER_REQUEST * devices)))
+def requests_for(n_ops: int, devices: int, mode: str = "static") -> int:
+    per = OPS_PER_REQUEST if mode == "static" else PROGRAM_OPS_PER_REQUEST
+    return max(1, round(n_ops / (per * devices)))
 
 
 def _rss_mib() -> float:
@@ -123,7 +130,7 @@ def measure(mode: str, n_ops: int, devices: int) -> dict:
     from sim.verdicts import analyse
 
     prof = load_profile("h200")
-    n_req = requests_for(n_ops, devices)
+    n_req = requests_for(n_ops, devices, mode)
     doc = header(devices, n_req)
     host_pages = doc["buffers"][0]["layout"]["units"]
     trend: list = []

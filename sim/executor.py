@@ -38,6 +38,16 @@ Semantics (CUDA's, as far as a schedule can express them):
   write) starts after a seeded, exponentially distributed delay of that mean:
   launch skew between streams (heavy-tailed, as measured kernel starts are).
 
+What a run keeps: ``keep="all"`` (the default) keeps every op's timings, each
+copy's item landing times, every read's bytes and the recorded schedule, which
+windows, controlled replay and Snapshots need; ``keep="report"`` keeps only live
+state (ops issued and not completed, each stream's last op and each event's
+latest record, accesses that can still race) and computes the verdicts while
+the run runs (``sim.verdicts.OnlineVerdicts``), so its memory follows the live
+state and the per-read results, not the run's length.  Either way completion
+is tracked per stream (FIFO: the completed ops of a stream are a prefix) and an
+event to wait for an op is made only when something waits for it.
+
 Same-time starts: SimPy runs same-time events in insertion order; here every
 ``copy``/``read``/``write`` that becomes ready at the same instant waits at a
 gate, and a :class:`TieBreak` picks their order (``fifo``, ``seeded`` with a

@@ -28,6 +28,10 @@
 * **out-of-bounds write**: a copy extent that leaves its destination (or reads
   past its source), with the neighbour it would hit.
 
+A ``keep="report"`` run (``sim.executor``) computes the same verdicts while it runs,
+op by op in issue order (:class:`OnlineVerdicts`), and ``analyse`` assembles its
+report from them.
+
 ``analyse`` returns one JSON-serialisable dict (the ``kvrace schedule run
 --json`` document); ``summary_text`` the human report.
 """
