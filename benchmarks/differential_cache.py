@@ -106,6 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ratio", type=float, nargs="+", default=[2.0],
                     help="hicache_ratio values (2.0; 1.1 keeps the host pool nearly full)")
     ap.add_argument("--scenarios", action="store_true", help="also run the hand-written scenarios")
+    ap.add_argument("--eviction-policy", nargs="+", default=["lru"],
+                    choices=["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"])
     ap.add_argument("--no-shrink", action="store_true")
     ap.add_argument("--all", action="store_true", help="report one divergence per configuration")
     args = ap.parse_args(argv)
@@ -125,10 +127,12 @@ def main(argv=None) -> int:
     for model, ps in ((m, p) for m in args.model for p in args.page_size if m == "mla" or p == 64):
         dev = 48 if ps == 1 else 512
         for policy in args.policy:
-            for lay, ratio in ((lay, r) for lay in args.layout for r in args.ratio):
+            for lay, ratio, evp in ((lay, r, e) for lay in args.layout for r in args.ratio
+                                    for e in args.eviction_policy):
                 layout, io = lay.split("/")
                 cfg = DiffConfig(model=model, page_size=ps, device_tokens=dev, write_policy=policy, layout=layout,
-                                 io_backend=io, need_sort=args.need_sort, hicache_ratio=ratio)
+                                 io_backend=io, need_sort=args.need_sort, hicache_ratio=ratio,
+                                 eviction_policy=evp)
                 runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
                 if args.scenarios:
                     runs += [(name, fn) for name, fn in SCENARIOS.items()]

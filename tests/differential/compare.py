@@ -12,11 +12,12 @@ node's end (``"root"`` for the root), so node ids need not agree.
 An observation is a dict of plain data:
 
 * ``tree``: nested ``[tokens of the edge, state, lock_ref, host_ref_counter, hit_count,
-  device slots, host slots, write-through pending, children]``, children in key order;
+  priority, device slots, host slots, write-through pending, children]``, children in key order;
   state ``D`` (device only), ``DH`` (device + host), ``H`` (host only);
 * ``evictable_size``, ``protected_size``;
 * ``evictable_leaves`` / ``evictable_host_leaves``: sorted paths;
 * ``access_order``: every node's path, by last-access time (the LRU order eviction uses);
+  ``creation_order``: by creation time (FIFO / FILO);
 * ``ongoing_write_through``: sorted (lock node, backed-up length, covered nodes);
   ``ongoing_load_back``: sorted paths;
 * ``acks``: per queue, each ack's (done, node paths of its node ids);
@@ -73,7 +74,7 @@ def observe(side, result=None, moves=None) -> dict:
     def tree(node):
         kids = sorted(node.children.values(), key=lambda ch: side.token_list(ch.key))
         return [side.token_list(node.key), _state(node), int(node.lock_ref), int(node.host_ref_counter),
-                int(node.hit_count), _lst(side, node.value), _lst(side, node.host_value),
+                int(node.hit_count), int(node.priority), _lst(side, node.value), _lst(side, node.host_value),
                 node.write_through_pending_id is not None, [tree(ch) for ch in kids]]
 
     def pname(node):
@@ -106,6 +107,7 @@ def observe(side, result=None, moves=None) -> dict:
         "evictable_leaves": sorted((pname(n) for n in cache.evictable_leaves), key=str),
         "evictable_host_leaves": sorted((pname(n) for n in cache.evictable_host_leaves), key=str),
         "access_order": [_name(p) for p, n in sorted(nodes, key=lambda pn: pn[1].last_access_time)],
+        "creation_order": [_name(p) for p, n in sorted(nodes, key=lambda pn: pn[1].creation_time)],
         "ongoing_write_through": sorted(
             ([idname(k), pname(v[0]), int(v[1]), [pname(x) for x in v[2]]]
              for k, v in cache.ongoing_write_through.items()), key=str),

@@ -49,6 +49,13 @@ class KvraceSide:
         self.host_pool = self.session.host_pool
         if cfg.need_sort:
             self.allocator.need_sort = True
+        if cfg.eviction_policy != "lru":
+            # NOTE: CacheSession builds its tree with SGLang's default policy (lru) and takes
+            # no policy key; set it as RadixCache.__init__ would have from CacheInitParams
+            from sim.cache.evict_policy import get_eviction_strategy
+
+            self.tree.eviction_policy = cfg.eviction_policy
+            self.tree.eviction_strategy = get_eviction_strategy(cfg.eviction_policy)
         self.moves: list = []
         self._wrap()
 

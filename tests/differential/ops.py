@@ -2,7 +2,8 @@
 
 An op is a plain dict (JSON-able, printed as is in a divergence report):
 
-* ``{"op": "insert", "tokens": [...]}``: a finished request caches its sequence, as
+* ``{"op": "insert", "tokens": [...]}`` (optional ``"priority"``, ``"chunked"``, passed in
+  ``InsertParams``): a finished request caches its sequence, as
   SGLang's scheduler does it: if the allocator has fewer than ``len`` (page-aligned) free
   slots, ``evict(EvictParams(len))`` (``evict_from_tree_cache``), then ``alloc``; no room:
   nothing inserted; else ``insert(InsertParams(key, value))`` and the duplicates
@@ -102,7 +103,12 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
                     tokens = base[:rng.randint(1, len(base))]
             if kind == "insert":
                 pool.append(tokens)
-                ops.append({"op": "insert", "tokens": tokens})
+                op = {"op": "insert", "tokens": tokens}
+                if rng.random() < 0.25:
+                    op["priority"] = rng.randint(0, 2)
+                if rng.random() < 0.15:
+                    op["chunked"] = True       # a chunked-prefill insert: no hit counting
+                ops.append(op)
             elif kind == "match":
                 ops.append({"op": "match", "tokens": tokens})
             else:
@@ -184,7 +190,8 @@ class SideDriver:
             value = s.allocator.alloc(n)
             if value is None:
                 return ("no_room",)
-            res = c.insert(r.InsertParams(key=key, value=value))
+            res = c.insert(r.InsertParams(key=key, value=value, chunked=bool(op.get("chunked", False)),
+                                          priority=op.get("priority", 0)))
             dup = value[:res.prefix_len]
             if len(dup):
                 s.allocator.free(dup)

@@ -34,7 +34,7 @@ Stood in (each one a module attribute or instance attribute replaced by
    size.  With one rank SGLang's all-reduces are skipped by its own code.
 
 Server arguments are a plain namespace with the ``hicache_*`` fields ``HiRadixCache``
-reads (no storage backend, no metrics, LRU eviction).
+reads (no storage backend, no metrics); the eviction policy is ``DiffConfig.eviction_policy``.
 """
 from __future__ import annotations
 
@@ -66,11 +66,13 @@ class DiffConfig:
     kv_lora_rank: int = 16
     qk_rope_head_dim: int = 8
     need_sort: bool = False
+    eviction_policy: str = "lru"
 
     def describe(self) -> str:
         return (f"{self.model} page_size={self.page_size} device_tokens={self.device_tokens} layers={self.layers} "
                 f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}"
-                + (" need_sort" if self.need_sort else ""))
+                + (" need_sort" if self.need_sort else "")
+                + (f" evict={self.eviction_policy}" if self.eviction_policy != "lru" else ""))
 
 
 def sglang_available() -> tuple[bool, str]:
@@ -303,7 +305,7 @@ class SGLangSide:
         import torch.distributed as dist
         params = CacheInitParams(disable=False, req_to_token_pool=None,
                                  token_to_kv_pool_allocator=self.allocator, page_size=cfg.page_size,
-                                 tp_cache_group=dist.group.WORLD, eviction_policy="lru",
+                                 tp_cache_group=dist.group.WORLD, eviction_policy=cfg.eviction_policy,
                                  enable_metrics=False, enable_kv_cache_events=False)
         self.cache = HiRadixCache(params, server_args)
         self.controller = self.cache.cache_controller

@@ -31,6 +31,16 @@ CONFIGS = [
     # allocators with need_sort (PD disaggregation): frees go to release_pages, merged sorted
     DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, layout="page_first", need_sort=True)
     for ps in (1, 64)
+] + [
+    # DSA: SGLang's DSATokenToKVPool + HostPoolGroup (latent anchor, index-K sidecar) +
+    # HybridCacheController
+    DiffConfig(model="dsa", page_size=64, device_tokens=512, write_policy=pol, layout=lay, io_backend=io)
+    for pol in ("write_through", "write_back")
+    for lay, io in (("page_first", "kernel"), ("page_first_direct", "direct"))
+] + [
+    # the other eviction strategies (hit counts, creation order, priorities, SLRU segments)
+    DiffConfig(page_size=1, device_tokens=48, write_policy="write_through_selective", eviction_policy=e)
+    for e in ("lfu", "fifo", "mru", "filo", "priority", "slru")
 ]
 
 
@@ -44,8 +54,8 @@ def _report(cfg, ops, div) -> str:
 
 
 def _id(c) -> str:
-    return (f"p{c.page_size}-{c.write_policy}-{c.layout}-{c.io_backend}-r{c.hicache_ratio}"
-            + ("-sorted" if c.need_sort else ""))
+    return (f"{c.model}-p{c.page_size}-{c.write_policy}-{c.layout}-{c.io_backend}-r{c.hicache_ratio}"
+            + ("-sorted" if c.need_sort else "") + (f"-{c.eviction_policy}" if c.eviction_policy != "lru" else ""))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
@@ -60,7 +70,8 @@ def test_random_sequences_agree_op_by_op(cfg):
 
 
 @pytest.mark.parametrize("name", ["fourth_load", "split_pending_backup"])
-@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.hicache_ratio == 2.0 and not c.need_sort], ids=_id)
+@pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.hicache_ratio == 2.0 and not c.need_sort
+                                 and c.eviction_policy == "lru"], ids=_id)
 def test_scenarios_agree_op_by_op(cfg, name):
     """The hand-written sequences: a fourth load while producer slot 0 is busy (both raise
     an AssertionError-kind error and leave the same state), and a split of a node whose
