@@ -113,7 +113,7 @@ def programs(devices: int, n_req: int, host_pages: int, trend: list, t0: float) 
                 for op in request_ops(d, r, host_pages):
                     host.issue(op)
                 yield host.barrier("step", hosts)
-                if d == 0 and r + 1 in marks:
+                if d == 0 and r + 1 in marks and host._ex.online is not None:
                     ex = host._ex
                     trend.append({"requests": r + 1, "ops": ex.online.taken, "rss_mib": round(_rss_mib(), 1),
                                   "cpu_s": round(time.process_time() - t0, 1),
