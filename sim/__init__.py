@@ -10,6 +10,9 @@ command line).  The public API is ``__all__``::
     rep = sim.analyse(run)
     print(sim.summary_text(rep))
 
+    session = sim.CacheSession(sim.SessionConfig(model="dsa", page_size=64))   # the HiCache model
+    session.cache.insert(...)                                                   # SGLang's names
+
 Every exception kvrace raises on purpose is a ``sim.KvraceError`` (bad input is its subclass
 ``sim.InputError``).  The names load their modules on first use, so ``import sim`` (and
 ``import sim.errors``) stays cheap.
@@ -34,6 +37,13 @@ _HOME = {
     "Host": "sim.executor",
     "TieBreak": "sim.executor",
     "RunResult": "sim.executor",
+    # windows of a run
+    "cut_window": "sim.window",
+    # the HiCache model, usable on its own
+    "CacheSession": "sim.cache.session",
+    "SessionConfig": "sim.cache.session",
+    "HiRadixCache": "sim.cache.hiradix",
+    "HiCacheController": "sim.cache.controller",
     # verdicts and outputs
     "analyse": "sim.verdicts",
     "summary_text": "sim.verdicts",

@@ -94,7 +94,9 @@ PUBLIC = {"load": "sim.schedule", "validate": "sim.schedule", "Schedule": "sim.s
           "RunResult": "sim.executor", "analyse": "sim.verdicts", "summary_text": "sim.verdicts",
           "Snapshot": "sim.snapshot", "snapshot_of": "sim.snapshot", "load_profile": "sim.profile",
           "Profile": "sim.profile", "KvraceError": "sim.errors", "InputError": "sim.errors",
-          "ReplayError": "sim.replay"}
+          "ReplayError": "sim.replay", "cut_window": "sim.window", "CacheSession": "sim.cache.session",
+          "SessionConfig": "sim.cache.session", "HiRadixCache": "sim.cache.hiradix",
+          "HiCacheController": "sim.cache.controller"}
 
 
 def test_all_is_the_curated_api_and_each_name_is_its_modules_object():
