@@ -56,6 +56,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -130,37 +131,101 @@ class BufferSpec:
         return int(self.layout.nbytes)
 
 
+_NO_ARGS = MappingProxyType({})
+
+
 @dataclass
 class Op:
+    """One op of a schedule: what every kind has.  Each kind is its own record type
+    (``OP_TYPES``: ``CopyOp``, ``ReadOp``, ``WriteOp``, ``ComputeOp``, ``RecordOp``,
+    ``WaitOp``, ``HostSyncOp``, ``HostDelayOp``, ``HostQueryOp``, ``BarrierOp``), holding
+    only its own fields.  Reading another kind's attribute gives the defaults below
+    (class attributes, never stored on the op), as the one catch-all record did, so
+    code that reads ``op.plan`` or ``op.sync_targets`` of any op keeps working."""
+
     index: int
     id: str
     op: str
     stream: str | None = None
-    # copy
+    host: str = DEFAULT_HOST            # the host that issued it
+    raw: dict = field(default_factory=dict)
+
+    # other kinds' attributes, as an op of this kind reads them
+    routine = src = dst = plan = None
+    args = _NO_ARGS
+    buffer = extents = layer = units = None
+    owner, version = -1, 0
+    duration_us = 0.0
+    event = bound_record = sync_stream = None
+    sync_targets = hosts = ()
+    outcome = barrier = None
+
+
+@dataclass
+class CopyOp(Op):
     routine: str | None = None
     src: str | None = None
     dst: str | None = None
     args: dict = field(default_factory=dict)
-    plan: Any = None
-    # read / write
+    plan: Any = None                    # sim.transfers.routines.CopyPlan
+
+
+@dataclass
+class ReadOp(Op):
     buffer: str | None = None
     extents: tuple[np.ndarray, np.ndarray] | None = None   # (offsets, lengths)
     layer: int | None = None
+    units: np.ndarray | None = None
+
+
+@dataclass
+class WriteOp(ReadOp):
     owner: int = -1
     version: int = 0
-    units: np.ndarray | None = None
-    # compute / host_delay
+
+
+@dataclass
+class ComputeOp(Op):
     duration_us: float = 0.0
-    # record / wait / host_sync
+
+
+@dataclass
+class HostDelayOp(ComputeOp):
+    pass
+
+
+@dataclass
+class RecordOp(Op):
     event: str | None = None
-    bound_record: int | None = None     # wait/host_sync(event): index of the record op it binds to
+
+
+@dataclass
+class WaitOp(RecordOp):
+    bound_record: int | None = None     # index of the record op it binds to (None: unbound)
+
+
+@dataclass
+class HostSyncOp(WaitOp):
     sync_stream: str | None = None      # host_sync(stream)
-    sync_targets: tuple[int, ...] = ()  # host_sync: indices of the ops it waits for
-    host: str = DEFAULT_HOST            # the host that issued it
-    outcome: bool | None = None         # host_query: did it see its record complete?
-    barrier: str | None = None          # barrier: the instance name
-    hosts: tuple[str, ...] = ()         # barrier: its participants
-    raw: dict = field(default_factory=dict)
+    sync_targets: tuple[int, ...] = ()  # indices of the ops it waits for
+
+
+@dataclass
+class HostQueryOp(WaitOp):
+    outcome: bool | None = None         # did it see its record complete?
+    sync_targets: tuple[int, ...] = ()  # a positive query: its record
+
+
+@dataclass
+class BarrierOp(Op):
+    barrier: str | None = None          # the instance name
+    hosts: tuple[str, ...] = ()         # its participants
+
+
+#: the record type of each op kind
+OP_TYPES = {"copy": CopyOp, "read": ReadOp, "write": WriteOp, "compute": ComputeOp, "record": RecordOp,
+            "wait": WaitOp, "host_sync": HostSyncOp, "host_delay": HostDelayOp, "host_query": HostQueryOp,
+            "barrier": BarrierOp}
 
 
 @dataclass
@@ -640,7 +705,7 @@ class ScheduleBuilder:
             missing = sorted(set(self._barriers[inst]["hosts"]) - self._barriers[inst]["arrived"])
             raise InputError(w, f"host {show(host)} issues this op after barrier {show(inst)}, which hosts "
                              f"{show(missing)} reach only later in the list; list ops in issue order")
-        op = Op(index=i, id=op_id, op=kind, raw=d, host=host)
+        op = OP_TYPES[kind](index=i, id=op_id, op=kind, raw=d, host=host)
         if kind in STREAM_OPS:
             st = d.get("stream")
             op.stream = st if (type(st) is str and st in self.streams) else _name(d, "stream", w, self.streams,

@@ -111,6 +111,11 @@ def _indeterminate_masks(obs, ranges) -> list[np.ndarray]:
 
 def _same_provenance(vo, vr) -> bool:
     if vo.compact.table is vr.compact.table:      # one origin table: ids name origins
+        if vo.compact.nbytes != vr.compact.nbytes:
+            return False
+        ra, rb = vo.compact.small_runs(), vr.compact.small_runs()
+        if ra is not None and rb is not None:     # a few segments each: plain Python
+            return ra == rb
         a, b = vo.compact.coalesced_segments(), vr.compact.coalesced_segments()
     else:
         a, b = vo.compact.canonical_segments(), vr.compact.canonical_segments()
@@ -239,17 +244,18 @@ def read_entry(r, ref, layout, ind, *, detail: bool = True) -> dict:
     of the happens-before-order execution; ``ind``: its indeterminate bytes (merged
     starts, ends) or None.  ``detail=False`` leaves out what only explains a read
     (provenance, position, copies in flight) when the read is ``ok``."""
-    masks = _indeterminate_masks(r, ind)
+    masks = _indeterminate_masks(r, ind) if ind is not None else None
+    n_indeterminate = 0 if masks is None else int(sum(int(m.sum()) for m in masks))
     same = _same_views(r, ref)
     if same:        # the common case, decided in O(segments)
-        status, first, differing = ("indeterminate" if any(m.any() for m in masks) else "ok"), None, 0
+        status, first, differing = ("indeterminate" if n_indeterminate else "ok"), None, 0
     else:
         status, first, differing = _classify(r, ref, layout.unit_bytes, masks)
     digest = read_digest(r)
     entry = {
         "op": r.op_id, "stream": r.stream, "buffer": r.buffer, "time_us": round(r.time_us, 4),
         "nbytes": r.nbytes, "status": status, "bytes_differing": differing,
-        "bytes_indeterminate": int(sum(int(m.sum()) for m in masks)),
+        "bytes_indeterminate": n_indeterminate,
         "indeterminate_ranges": ([] if ind is None else
                                  [[int(x), int(y)] for x, y in zip(ind[0][:8], ind[1][:8])]),
         # NOTE: by provenance (O(segments)): hashing the bytes would materialise every read;

@@ -559,18 +559,31 @@ class CompactBuffer:
         keys = np.array([origin_key(self.table[int(i)]) for i in uniq.tolist()], dtype=_I64)
         return st, keys[inv.reshape(-1)] if len(st) else np.zeros(0, _I64), so
 
+    #: buffers of at most this many segments (in one block) answer small_runs()
+    SMALL_RUNS = 8
+
+    def small_runs(self) -> list | None:
+        """The maximal runs ``(start, origin_id, stream_offset)`` as a list of tuples when
+        the buffer has at most ``SMALL_RUNS`` segments in one block (a read's view), else
+        None: what ``coalesced_segments`` gives, without numpy."""
+        if self._count > self.SMALL_RUNS or len(self._bs) != 1:
+            return None
+        runs, last = [], None
+        for s, o, f in zip(self._bs[0].tolist(), self._bo[0].tolist(), self._bf[0].tolist()):
+            if last is not None and o == last[1] and f == last[2] + (s - last[0]):
+                continue                                   # continues the run before it
+            last = (s, o, f)
+            runs.append(last)
+        return runs
+
     def provenance_digest(self) -> str:
         """sha256 (hex) of the buffer's size and canonical segments: equal provenance
         means equal bytes; it costs O(segments), not O(bytes)."""
-        if self._count <= 8 and len(self._bs) == 1:      # a few segments: plain Python, same bytes
-            rows, last = [], None
-            for s, o, f in zip(self._bs[0].tolist(), self._bo[0].tolist(), self._bf[0].tolist()):
-                if last is not None and o == last[1] and f == last[2] + (s - last[0]):
-                    continue                               # continues the run before it
-                last = (s, o, f)
-                rows += [s, origin_key(self.table[o]), f]
+        runs = self.small_runs()
+        if runs is not None:                               # a few segments: plain Python, same bytes
+            flat = [x for s, o, f in runs for x in (s, origin_key(self.table[o]), f)]
             h = hashlib.sha256(b"kvrace-provenance-v1" + struct.pack("<q", self.nbytes))
-            h.update(struct.pack(f"<{len(rows)}q", *rows))
+            h.update(struct.pack(f"<{len(flat)}q", *flat))
             return h.hexdigest()
         else:
             st, keys, so = self.canonical_segments()
