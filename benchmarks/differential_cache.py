@@ -137,12 +137,7 @@ def main(argv=None) -> int:
                 if args.scenarios:
                     runs += [(name, fn) for name, fn in SCENARIOS.items()]
                 for seed, fn in runs:
-                    if fn is None:
-                        ops = generate(seed, args.length, page_size=ps, device_tokens=dev)
-                    elif seed == "fourth_load":
-                        ops = fn(ps, dev)
-                    else:
-                        ops = fn(ps)
+                    ops = generate(seed, args.length, page_size=ps, device_tokens=dev) if fn is None else fn(ps, dev)
                     res = run_pair(cfg, ops)
                     total_ops += len(ops) if not res else res[0][0] + 1
                     if not res:

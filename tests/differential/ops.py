@@ -21,6 +21,10 @@ An op is a plain dict (JSON-able, printed as is in a divergence report):
 * ``{"op": "evict", "n": k}``, ``{"op": "evict_host", "n": k}``.
 * ``{"op": "writing_check"}``, ``{"op": "loading_check"}``, ``{"op": "check_events"}``
   (``check_hicache_events``).
+* ``{"op": "consumer_check"}``: ``is_load_back_event_done(p)`` for the producer slot ``p`` the
+  last ``ready`` returned (the forward pass's poll; -1 before any load).
+* ``{"op": "flush"}``: the scheduler's ``flush_cache`` on an idle cache: ``reset()`` and the
+  device allocator's ``clear()`` (emitted only after everything is released and drained).
 * ``{"op": "complete", "queue": "write"|"load", "count": k}``: the oldest ``k`` acks of that
   queue complete (their copies finished on the device); ``{"op": "complete_all"}``.
 
@@ -34,10 +38,10 @@ import random
 from typing import Optional
 
 __all__ = ["generate", "apply_op", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
-           "scenario_split_pending_backup"]
+           "scenario_split_pending_backup", "scenario_load_back_evicts_its_source"]
 
 OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
-       "loading_check", "check_events", "complete", "complete_all")
+       "loading_check", "check_events", "consumer_check", "flush", "complete", "complete_all")
 
 
 def error_family(e: BaseException) -> str:
@@ -82,7 +86,7 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
     ops: list[dict] = []
     weights = {"insert": 6, "match": 2, "lock": 2, "load": 5, "unlock": 5, "ready": 3, "evict": 3,
                "evict_host": 2, "writing_check": 2, "loading_check": 2, "check_events": 3, "complete": 5,
-               "complete_all": 1, "cycle": 2}
+               "complete_all": 1, "cycle": 2, "consumer_check": 2, "flush": 0.3}
     names = list(weights)
     w = [weights[n] for n in names]
     while len(ops) < length:
@@ -130,6 +134,11 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
             next_h += 1
             if rng.random() < 0.5:
                 ops += [{"op": "complete", "queue": "load", "count": 1}, {"op": "check_events"}]
+        elif kind == "flush":
+            # flush_cache runs only when no request is running: release, drain, then flush
+            ops += [{"op": "unlock", "h": h} for h in held]
+            held.clear()
+            ops += [{"op": "ready"}, {"op": "complete_all"}, {"op": "check_events"}, {"op": "flush"}]
         elif kind == "unlock":
             if not held:
                 continue
@@ -161,6 +170,7 @@ class SideDriver:
     def __init__(self, side):
         self.side = side
         self.handles: dict[int, object] = {}
+        self.last_producer = -1
 
     def _path(self, node) -> tuple:
         out = []
@@ -221,7 +231,16 @@ class SideDriver:
             node = self.handles.pop(op["h"])
             return ("unlocked", int(c.dec_lock_ref(node).delta))
         if kind == "ready":
-            return ("producer", int(c.ready_to_load_host_cache()))
+            p = int(c.ready_to_load_host_cache())
+            if p >= 0:
+                self.last_producer = p
+            return ("producer", p)
+        if kind == "consumer_check":
+            return ("consumer", self.last_producer, bool(c.is_load_back_event_done(self.last_producer)))
+        if kind == "flush":
+            c.reset()
+            s.allocator.clear()
+            return ("ok",)
         if kind == "evict":
             return ("evicted", int(c.evict(r.EvictParams(num_tokens=op["n"])).num_tokens_evicted))
         if kind == "evict_host":
@@ -269,7 +288,7 @@ def scenario_fourth_load(page_size: int = 1, device_tokens: int = 48) -> list[di
     return ops
 
 
-def scenario_split_pending_backup(page_size: int = 1) -> list[dict]:
+def scenario_split_pending_backup(page_size: int = 1, device_tokens: int = 48) -> list[dict]:
     """A backup in flight over a node that a match then splits (SGLang moves the pending
     ack onto both halves: ``_replace_pending_write_through_node``), and an insert that
     diverges inside it; the ack completes afterwards."""
@@ -283,5 +302,28 @@ def scenario_split_pending_backup(page_size: int = 1) -> list[dict]:
             {"op": "complete_all"}, {"op": "check_events"}, {"op": "unlock", "h": 0}]
 
 
-#: hand-written sequences for behaviours random sequences reach rarely
-SCENARIOS = {"fourth_load": scenario_fourth_load, "split_pending_backup": scenario_split_pending_backup}
+def scenario_load_back_evicts_its_source(page_size: int = 1, device_tokens: int = 48) -> list[dict]:
+    """FINDINGS.md F2 (write_back, host pool ``hicache_ratio`` 1.1): A and B are written back
+    and evicted to the host, C fills the device; a request then hits A on the host.
+    ``load_back`` locks only A's device-resident ancestor (the root), its device ``load``
+    fails, its ``evict`` writes C back, the host pool is full, and ``write_backup``'s
+    ``evict_host`` frees B's and A's own host slots and detaches A from the tree; C's
+    backup gets A's slots, and the load of A, started afterwards, reads C's bytes.  The
+    last two ops then meet the detached node (SGLang: ``assert v == x`` in ``evict_host``)."""
+    p = page_size
+    unit = max(p, (device_tokens // 12) // p * p)     # 4 tokens for 48 / page 1
+    a = [1] * (5 * unit)
+    b = [2] * (device_tokens - 5 * unit - (device_tokens - 5 * unit) % p)
+    c = [3] * device_tokens
+    return [{"op": "insert", "tokens": a}, {"op": "evict", "n": device_tokens},
+            {"op": "insert", "tokens": b}, {"op": "evict", "n": len(b)},
+            {"op": "insert", "tokens": c},
+            {"op": "load", "tokens": a, "h": 0}, {"op": "ready"}, {"op": "complete_all"},
+            {"op": "check_events"}, {"op": "unlock", "h": 0}, {"op": "evict", "n": device_tokens},
+            {"op": "evict_host", "n": 2 * device_tokens}]
+
+
+#: hand-written sequences for behaviours random sequences reach rarely; each takes
+#: (page_size, device_tokens)
+SCENARIOS = {"fourth_load": scenario_fourth_load, "split_pending_backup": scenario_split_pending_backup,
+             "load_back_evicts_its_source": scenario_load_back_evicts_its_source}

@@ -69,7 +69,7 @@ def test_random_sequences_agree_op_by_op(cfg):
         assert not res, _report(cfg, ops, res[0])
 
 
-@pytest.mark.parametrize("name", ["fourth_load", "split_pending_backup"])
+@pytest.mark.parametrize("name", ["fourth_load", "split_pending_backup", "load_back_evicts_its_source"])
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.hicache_ratio == 2.0 and not c.need_sort
                                  and c.eviction_policy == "lru"], ids=_id)
 def test_scenarios_agree_op_by_op(cfg, name):
@@ -79,8 +79,7 @@ def test_scenarios_agree_op_by_op(cfg, name):
     from tests.differential.compare import run_pair
     from tests.differential.ops import SCENARIOS
 
-    fn = SCENARIOS[name]
-    ops = fn(cfg.page_size, cfg.device_tokens) if name == "fourth_load" else fn(cfg.page_size)
+    ops = SCENARIOS[name](cfg.page_size, cfg.device_tokens)
     res = run_pair(cfg, ops)
     assert not res, _report(cfg, ops, res[0])
 
@@ -135,3 +134,58 @@ def test_sglang_side_is_sglangs_code():
     assert type(side.controller) is HiCacheController
     assert type(side.host_pool) is MLATokenToKVPoolHost
     assert side.host_pool.size == int(48 * 2.0) // 1 + 1   # page_num = size // page_size + 1
+
+
+# ---------------------------------------------------------------- FINDINGS.md F2
+
+F2_CONFIGS = [DiffConfig(page_size=1, device_tokens=48, write_policy="write_back", hicache_ratio=1.1),
+              DiffConfig(page_size=64, device_tokens=512, write_policy="write_back", hicache_ratio=1.1)]
+
+
+@pytest.mark.parametrize("cfg", F2_CONFIGS, ids=_id)
+def test_f2_sglang_load_back_reads_host_slots_its_own_eviction_reused(cfg):
+    """SGLang 0.5.14 itself: the load-back of A frees A's host slots (evict_host inside the
+    write-back its own eviction started), hands them to C's backup, and then loads from
+    them; A's node is in ongoing_load_back but no longer in the tree."""
+    from tests.differential.compare import observe
+    from tests.differential.ops import SideDriver, scenario_load_back_evicts_its_source
+    from tests.differential.sglang_side import SGLangSide
+
+    ops = scenario_load_back_evicts_its_source(cfg.page_size, cfg.device_tokens)
+    side = SGLangSide(cfg)
+    d = SideDriver(side)
+    seen = []
+    for op in ops[:7]:                                   # up to and including ready
+        seen.append(observe(side, d.apply(op), side.take_moves()))
+    load_op = seen[5]
+    assert load_op["ongoing_load_back"] == ["<detached>"]
+    freed = [set(m[1]) for m in load_op["moves"] if m[0] == "host_free"]
+    backup_host = {h for m in load_op["copies"] if m[0] == "write_copy" for h in m[1]}
+    load_host = {h for m in seen[6]["copies"] if m[0] == "load_copy" for h in m[1]}
+    assert load_host in freed                            # A's own host slots were freed ...
+    assert load_host & backup_host                       # ... C's backup wrote into them ...
+    assert seen[6]["result"][0] == "producer"            # ... and the load reads them after
+
+
+@pytest.mark.parametrize("cfg", F2_CONFIGS, ids=_id)
+def test_f2_kvrace_reproduces_it_up_to_the_crash(cfg):
+    """kvrace's tree takes the same steps (same slots freed, reused and loaded, the same
+    detached node) through every op before the final evict_host."""
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import scenario_load_back_evicts_its_source
+
+    ops = scenario_load_back_evicts_its_source(cfg.page_size, cfg.device_tokens)
+    res = run_pair(cfg, ops[:-1])
+    assert not res, _report(cfg, ops, res[0])
+
+
+@pytest.mark.xfail(strict=True, reason="FINDINGS.md F2: at the detached node SGLang's evict_host fails an "
+                                       "assert (AssertionError); kvrace raises CacheStateError (a RuntimeError)")
+@pytest.mark.parametrize("cfg", F2_CONFIGS, ids=_id)
+def test_f2_crash_has_sglangs_exception_kind(cfg):
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import scenario_load_back_evicts_its_source
+
+    ops = scenario_load_back_evicts_its_source(cfg.page_size, cfg.device_tokens)
+    res = run_pair(cfg, ops)
+    assert not res, _report(cfg, ops, res[0])
