@@ -65,6 +65,7 @@ import numpy as np
 import simpy
 
 from sim.errors import InputError
+from sim.hb import RACE_LIMIT
 from sim.memory import Clipped, Memory, clip_extents, oob_origin
 from sim.profile import Profile
 from sim.schedule import Schedule, ScheduleBuilder
@@ -268,7 +269,8 @@ class Executor:
 
     def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
                  seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True,
-                 keep: str = "all", hosts=(), static_ops: list | None = None, race_limit: int | None = 1000):
+                 keep: str = "all", hosts=(), static_ops: list | None = None,
+                 race_limit: int | None = RACE_LIMIT):
         if keep not in KEEP_MODES:
             raise InputError("keep", f"expected one of {list(KEEP_MODES)}, got {keep!r}")
         self.buffers = buffers

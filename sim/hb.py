@@ -47,15 +47,21 @@ of a byte (a ``write`` op, another copy's extent) makes it determinate again.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
 import numpy as np
 
 from sim.bytes.compact import _ranks
 from sim.memory import clip_extents
 from sim.schedule import Schedule
 
+if TYPE_CHECKING:
+    import networkx as nx
+
+#: racing (buffer, op pair)s a report lists by default (all are counted)
+RACE_LIMIT = 1000
 #: candidate pairs handled per vectorised step (bounds the temporary arrays)
 CHUNK_PAIRS = 1 << 19
 #: ranges kept per race entry (``starts``/``ends``); ``bytes`` and ``n_ranges`` cover all
@@ -140,6 +146,8 @@ class HappensBefore:
 def hb_graph(schedule: Schedule) -> nx.DiGraph:
     """Happens-before as an explicit graph (nodes are op indices), edge by edge as
     :class:`HappensBefore` describes it."""
+    import networkx as nx     # here only: the executor imports this module and needs no graph
+
     g = nx.DiGraph()
     last: dict[str, int] = {}
     before: dict[str, list] = {h: [] for h in schedule.hosts}    # a host's latest host op(s)
@@ -884,8 +892,6 @@ class RaceTracker:
 
     def _keep(self, buf: str, a_ops: list, b: int, mine: list) -> None:
         """Keep the pairs (a, b) among the ``limit`` smallest of ``buf`` (a max-heap)."""
-        import heapq
-
         heap = self.kept[buf]
         for a in a_ops:
             full = self.limit is not None and len(heap) >= self.limit

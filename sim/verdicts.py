@@ -44,14 +44,12 @@ import numpy as np
 from sim.bytes.describe import describe
 from sim.errors import InputError
 from sim.executor import ReadCapture, RunResult, run_reference
-from sim.hb import (HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, _merge_intervals,
+from sim.hb import (RACE_LIMIT, HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, _merge_intervals,
                     _subtract, accesses, double_written, indeterminate_read_bytes, intra_launch_races,
                     race_scan)
 from sim.memory import Memory, clip_extents, oob_origin
 
 MAX_DESCRIBE = 16
-#: racing (buffer, op pair)s listed in the report by default; all are counted
-RACE_LIMIT = 1000
 #: per intra-launch race: ranges listed, ranges whose candidate writers are described, writers per range
 INTRA_RANGES, INTRA_DESCRIBED_RANGES, INTRA_WRITERS = 8, 4, 8
 
