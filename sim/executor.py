@@ -56,10 +56,9 @@ recorded in the result, so any run can be repeated exactly.
 """
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
-
-import heapq
 
 import numpy as np
 import simpy
