@@ -392,6 +392,9 @@ def _normalise_args(args: dict, where: str) -> dict:
 
 
 def _name(d: dict, key: str, where: str, known, what: str) -> str:
+    v = d.get(key)
+    if type(v) is str and v in known:       # the common case, without building a message
+        return v
     v = _get(d, key, where, str)
     if v not in known:
         raise InputError(f"{where}.{key}", f"unknown {what} {show(v)}; expected one of {show(sorted(known))}")
