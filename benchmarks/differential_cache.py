@@ -52,7 +52,7 @@ def _fields(div) -> set:
     return {f for f, _, _ in div[2]}
 
 
-def shrink(cfg, ops: list[dict], first, budget_s: float = 120.0):
+def shrink(cfg, ops: list[dict], first, budget_s: float = 120.0, error_kind: bool = True):
     """Delete ops (chunks, then single ops) while the run still diverges in one of the same
     fields; unlock ops whose lock was deleted are dropped with it."""
     from tests.differential.compare import run_pair
@@ -64,7 +64,7 @@ def shrink(cfg, ops: list[dict], first, budget_s: float = 120.0):
     def still(cand):
         held = {o["h"] for o in cand if o["op"] in ("lock", "load")}
         cand = [o for o in cand if o["op"] != "unlock" or o["h"] in held]
-        r = run_pair(cfg, cand)
+        r = run_pair(cfg, cand, error_kind=error_kind)
         return (cand, r[0]) if r and _fields(r[0]) & want else (None, None)
 
     chunk = max(1, len(best) // 2)
@@ -109,6 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--eviction-policy", nargs="+", default=["lru"],
                     choices=["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"])
     ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--ignore-error-kind", action="store_true",
+                    help="an op failing on both sides agrees whatever the exception kinds (past FINDINGS.md F2)")
     ap.add_argument("--all", action="store_true", help="report one divergence per configuration")
     args = ap.parse_args(argv)
 
@@ -138,12 +140,13 @@ def main(argv=None) -> int:
                     runs += [(name, fn) for name, fn in SCENARIOS.items()]
                 for seed, fn in runs:
                     ops = generate(seed, args.length, page_size=ps, device_tokens=dev) if fn is None else fn(ps, dev)
-                    res = run_pair(cfg, ops)
+                    res = run_pair(cfg, ops, error_kind=not args.ignore_error_kind)
                     total_ops += len(ops) if not res else res[0][0] + 1
                     if not res:
                         continue
                     diverged += 1
-                    sops, sdiv = (ops[:res[0][0] + 1], res[0]) if args.no_shrink else shrink(cfg, ops, res[0])
+                    sops, sdiv = (ops[:res[0][0] + 1], res[0]) if args.no_shrink else shrink(cfg, ops, res[0],
+                                                                                     error_kind=not args.ignore_error_kind)
                     print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]", flush=True)
                     print(report(cfg, sops, sdiv))
                     print()
