@@ -5,6 +5,10 @@ layouts each routine meets in SGLang: device pages, host layer_first, page_first
 page_first_direct; items a multiple of 128 bytes (the JIT hicache rule) and not; negative
 (skipped) index pairs; coalescable runs.  Every case is in bounds.  ``c4_on_token_rows`` is the
 incident's case: the C4 routine handed buffers of 256 B per token.
+
+The page routines (``direct_page_first``, ``staged_all_layer_lf_pf``) get whole pages of
+page_size 4 at random, non-contiguous page positions; every fourth case copies more than 64 pages
+(two staging chunks or more for the staged backup).
 """
 from __future__ import annotations
 
@@ -96,10 +100,42 @@ def random_cases(routine: str, rng: np.random.Generator, count: int = 4) -> list
                           (Field("key", 8, 16), Field("scale", 8 + epu * 16, 4)))
             s, d = _indices(rng, int(rng.integers(3, 30)), units * epu, negatives=(k % 2 == 1))
             args = {"layer": int(rng.integers(layers)), "src_indices": s, "dst_indices": d}
+        elif routine in ("direct_page_first", "staged_all_layer_lf_pf"):
+            name, src, dst, args = _page_case(rng, routine, k)
         else:
             raise ValueError(f"unknown routine {routine!r}")
         out.append((name, src, dst, args))
     return out
+
+
+def _page_case(rng, routine: str, k: int):
+    """Whole pages between a device pool and a page_first_direct (direct) or page_first (staged)
+    host pool; ``k % 4 == 3``: 65..150 pages, else 1..20.  Device pages start anywhere on a
+    page boundary; host pages are distinct."""
+    ps, layers = 4, int(rng.integers(2, 4))
+    n_pages = int(rng.integers(65, 151)) if k % 4 == 3 else int(rng.integers(1, 21))
+    host_pages = dev_pages = max(2 * n_pages, 24)
+    ub = (64, 576)[k % 2] if routine == "direct_page_first" else (64, 256)[k % 2]
+    dev = PagedLayout("dev", layers, dev_pages * ps, ub)
+    if routine == "direct_page_first":
+        host = HostLayout("host", "page_first_direct", layers, host_pages * ps, ub, ps)
+        to_host = bool(k % 3 != 1)
+    else:
+        host = HostLayout("host", "page_first", layers, host_pages * ps, ub)
+        to_host = True
+    t = np.arange(ps)
+    hp = rng.choice(host_pages, size=n_pages, replace=False)
+    dpg = rng.choice(dev_pages, size=n_pages, replace=False)
+    host_idx = (hp[:, None] * ps + t).reshape(-1).tolist()
+    dev_idx = (dpg[:, None] * ps + t).reshape(-1).tolist()
+    args = {"page_size": ps}
+    if routine == "direct_page_first":
+        args["layer"] = int(rng.integers(layers))
+    if to_host:
+        args.update(src_indices=dev_idx, dst_indices=host_idx)
+        return f"{routine}[{k}] paged->{host.layout} {n_pages} pages", dev, host, args
+    args.update(src_indices=host_idx, dst_indices=dev_idx)
+    return f"{routine}[{k}] {host.layout}->paged {n_pages} pages", host, dev, args
 
 
 def c4_on_token_rows(rng: np.random.Generator, tokens: int = 128, n: int = 40):

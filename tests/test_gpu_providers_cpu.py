@@ -160,7 +160,8 @@ def test_param_struct_and_packing_agree():
     for name, n in bk.PARAM_FIELDS:
         assert f"long long {name}{f'[{n}]' if n > 1 else ''};" in src
     for k in set(bk.KERNELS.values()):
-        assert f'extern "C" __global__ void __launch_bounds__(1024) {k}(const Params p)' in src
+        bound = bk.STAGE_BLOCK_THREADS if k == "kvr_stage_pages" else 1024
+        assert f'extern "C" __global__ void __launch_bounds__({bound}) {k}(const Params p)' in src
     words = bk.pack_params({"src": (1 << 64) - 8, "n_items": 5, "f_len": [4, 16]})
     assert words.dtype == np.int64 and words.size == bk.PARAM_WORDS
     names = [f"{n}[{i}]" if c > 1 else n for n, c in bk.PARAM_FIELDS for i in range(c)]

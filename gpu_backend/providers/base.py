@@ -17,10 +17,15 @@ from typing import Any, Mapping, Protocol
 import numpy as np
 
 from sim.errors import InputError, KvraceError
-from sim.transfers.routines import item_bounds, slice_items
+from sim.transfers.routines import item_bounds, plan, slice_items
 
 ROUTINE_NAMES = ("kernel_per_layer", "kernel_all_layer", "direct_per_layer",
-                 "dsa_indexer_per_layer", "dsv4_token", "token_bytewise")
+                 "dsa_indexer_per_layer", "dsv4_token", "token_bytewise",
+                 "direct_page_first", "staged_all_layer_lf_pf")
+#: page routines: item = one page_size group of indices, only its first index counts
+PAGE_ROUTINES = ("direct_page_first", "staged_all_layer_lf_pf")
+#: ``_WRITE_BACK_STAGING_PAGE_CHUNK`` in SGLang's memory_pool_host.py: pages per staging chunk
+STAGING_PAGE_CHUNK = 64
 INDEX_ROUTINES = ("kernel_per_layer", "kernel_all_layer", "dsa_indexer_per_layer",
                   "dsv4_token", "token_bytewise")
 DSA_DEFAULT_PAGE_SIZE = 64
@@ -136,10 +141,13 @@ def index_pair(args: Mapping) -> tuple[np.ndarray, np.ndarray]:
 
 def routine_layers(routine: str, src_layout, args: Mapping) -> list[int]:
     """The layers a launch touches, in the order the kernel visits them."""
-    if routine in ("kernel_per_layer", "direct_per_layer", "dsa_indexer_per_layer", "token_bytewise"):
+    if routine in ("kernel_per_layer", "direct_per_layer", "dsa_indexer_per_layer", "token_bytewise",
+                   "direct_page_first"):
         return [int(args["layer"])]
     if args.get("layers") is not None:
         return [int(x) for x in args["layers"]]
+    if routine == "staged_all_layer_lf_pf":
+        return list(range(src_layout.layers))
     return list(range(src_layout.layers)) if routine == "kernel_all_layer" else [0]
 
 
@@ -195,6 +203,77 @@ def direct_pieces(src_p: LayoutParams, dst_p: LayoutParams, layer: int, s: np.nd
         else:
             pieces.append([int(so[k]), int(do[k]), ub])
     return [tuple(p) for p in pieces]
+
+
+def simulator_refusal(routine: str, src_layout, dst_layout, args: Mapping) -> str:
+    """For the page routines: the simulator's own refusal of this copy (``routines.plan``'s
+    InputError message), or "".  A provider never runs a page copy the model cannot describe;
+    the older routines keep their own provider rules."""
+    if routine not in PAGE_ROUTINES:
+        return ""
+    try:
+        plan(routine, src_layout, dst_layout, args)
+    except InputError as e:
+        return f"the simulator refuses this {routine} copy: {e}"
+    return ""
+
+
+def page_rows(p: LayoutParams, first: np.ndarray, page_size: int, is_host: bool) -> np.ndarray:
+    """``(pages, page_size)`` unit indices a page copy touches on one side.
+
+    ``direct_page_first``: on a host side the first index names page ``first // page_size`` (rows
+    ``page * page_size + t``, as sgl-kernel's ``select(0, index / page_size)``); on a device side
+    it is the first row (rows ``first + t``).  ``staged_all_layer_lf_pf`` uses ``first + t`` on
+    both sides (``is_host=False``): the relayout kernel adds the token offset to the first index,
+    the page memcpy starts at the host token ``first``.
+    """
+    first = np.asarray(first, dtype=np.int64)
+    t = np.arange(page_size, dtype=np.int64)
+    start = (first // page_size) * page_size if is_host else first
+    return start[:, None] + t[None, :]
+
+
+def page_pieces(routine: str, src_layout, dst_layout, args: Mapping) -> list[np.ndarray]:
+    """The byte pieces of a page routine, page by page: element ``p`` is an ``(n, 3)`` int64
+    array of ``(src_offset, dst_offset, nbytes)`` for page ``p``, in the routine's byte order
+    (``direct_page_first``: the page's rows; ``staged_all_layer_lf_pf``: token-major,
+    layer-minor, the order of a page_first host page), merged where contiguous on both sides
+    inside the page (never across pages: one memcpy per page).  Computed from the layout
+    parameters with the builtin kernels' address rule, not from the simulator's extents."""
+    if routine not in PAGE_ROUTINES:
+        raise ProviderError(f"page_pieces: expected one of {list(PAGE_ROUTINES)}, got {routine!r}")
+    sp, dp = layout_params(src_layout), layout_params(dst_layout)
+    s, d = index_pair(args)
+    ps = int(args["page_size"])
+    if ps <= 0 or s.size % ps:
+        raise ProviderError(f"{routine}: {s.size} indices are not whole pages of page_size {ps}")
+    sf, df = s[::ps], d[::ps]
+    if routine == "direct_page_first":
+        rs = page_rows(sp, sf, ps, src_layout.kind == "host")
+        rd = page_rows(dp, df, ps, dst_layout.kind == "host")
+        layer = int(args["layer"])
+        so = unit_offsets(sp, layer, rs)
+        do = unit_offsets(dp, layer, rd)
+        ln = np.full(so.shape, sp.unit_bytes, dtype=np.int64)
+    else:
+        rs, rd = page_rows(sp, sf, ps, False), page_rows(dp, df, ps, False)
+        layers = np.arange(sp.layers, dtype=np.int64)
+        # (pages, tokens, layers): token-major, layer-minor
+        so = np.stack([unit_offsets(sp, int(L), rs) for L in layers], axis=-1).reshape(sf.size, -1)
+        do = np.stack([unit_offsets(dp, int(L), rd) for L in layers], axis=-1).reshape(sf.size, -1)
+        ib = int(args["item_bytes"]) if args.get("item_bytes") is not None else sp.unit_bytes
+        ln = np.full(so.shape, ib, dtype=np.int64)
+    return [merge_rows(so[k], do[k], ln[k]) for k in range(sf.size)]
+
+
+def merge_rows(so: np.ndarray, do: np.ndarray, ln: np.ndarray) -> np.ndarray:
+    """``(n, 3)`` rows ``(src, dst, nbytes)``, neighbours merged where contiguous on both sides."""
+    if so.size == 0:
+        return np.zeros((0, 3), dtype=np.int64)
+    cont = np.zeros(so.size, dtype=bool)
+    cont[1:] = (so[1:] == so[:-1] + ln[:-1]) & (do[1:] == do[:-1] + ln[:-1])
+    start = np.flatnonzero(~cont)
+    return np.stack([so[start], do[start], np.add.reduceat(ln, start)], axis=1).astype(np.int64)
 
 
 def unit_offsets(p: LayoutParams, layer: int, idx: np.ndarray) -> np.ndarray:

@@ -10,6 +10,20 @@ a GPU.
 ``direct_per_layer`` is a host routine in SGLang too (one cudaMemcpyAsync per coalesced run):
 the builtin provider issues ``cuMemcpyAsync`` for each piece, with addresses from the layout
 parameters (``base.direct_pieces``).
+
+``direct_page_first`` is SGLang's page-first direct backend (``transfer_kv_per_layer_direct_pf_lf``
+/ ``transfer_kv_all_layer_direct_lf_pf``): one ``cuMemcpyAsync`` per page on the copy engine,
+page by page (a page that is not contiguous on one side is cut into its contiguous pieces).
+
+``staged_all_layer_lf_pf`` follows the launch structure of SGLang's
+``transfer_hicache_all_layer_mla_staged_lf_pf``: the pages are taken in chunks of at most
+``min(host pages, 64)`` pages (the staging capacity of SGLang's page_first host pool); for each
+chunk the ``kvr_stage_pages`` kernel gathers the chunk's pages (every layer) into a dense GPU
+staging buffer in page_first host order, then one ``cuMemcpyAsync`` per page moves the staged page
+to the host, all on the one stream, so the next chunk's gather waits for these copies.
+NOTE: SGLang uses ``cudaMemcpyBatchAsync`` instead of per-page copies when a page is at least
+128 KiB and the driver is 12.8 or newer; the bytes are the same, the copy engine schedule may
+differ.
 """
 from __future__ import annotations
 
@@ -147,6 +161,16 @@ class BuiltinProvider:
         args = base.as_mapping(args)
         sp, dp = base.layout_params(src_layout), base.layout_params(dst_layout)
         layers = base.routine_layers(routine, src_layout, args)
+        why = base.simulator_refusal(routine, src_layout, dst_layout, args)
+        if why:
+            return False, why
+        if routine == "direct_page_first":
+            return True, ""
+        if routine == "staged_all_layer_lf_pf":
+            if sp.unit_bytes % bk.STAGE_VEC_BYTES:
+                return False, (f"src unit_bytes {sp.unit_bytes} is not a multiple of "
+                               f"{bk.STAGE_VEC_BYTES}: the staged gather moves 16-byte vectors")
+            return True, ""
         if routine == "direct_per_layer":
             if sp.unit_bytes != dp.unit_bytes:
                 return False, (f"direct copy: src unit_bytes {sp.unit_bytes} != dst unit_bytes "
@@ -199,6 +223,12 @@ class BuiltinProvider:
         if routine == "direct_per_layer":
             self._direct(mod, src, dst, sp, dp, args, stream)
             return
+        if routine == "direct_page_first":
+            self._memcpy_pieces(src, dst, base.page_pieces(routine, src_layout, dst_layout, args), stream)
+            return
+        if routine == "staged_all_layer_lf_pf":
+            self._staged(mod, src, dst, src_layout, dst_layout, args, stream, device)
+            return
         kp = kernel_params(routine, src, dst, src_layout, dst_layout, args)
         if kp.n_items == 0:
             return
@@ -230,6 +260,58 @@ class BuiltinProvider:
         for so, do, n in base.direct_pieces(sp, dp, int(args["layer"]), s, d):
             _check(driver.cuMemcpyAsync(dst.ptr + do, src.ptr + so, n, h),
                    f"cuMemcpyAsync({n} bytes)")
+
+
+    @staticmethod
+    def _memcpy_pieces(src, dst, pages: list, stream) -> None:
+        """One cuMemcpyAsync per ``(src_offset, dst_offset, nbytes)`` piece, page by page."""
+        driver, _ = _bindings()
+        h = driver.CUstream(int(stream.cuda_stream))
+        for piece in pages:
+            for so, do, n in piece.tolist():
+                _check(driver.cuMemcpyAsync(dst.ptr + do, src.ptr + so, n, h), f"cuMemcpyAsync({n} bytes)")
+
+    def _staged(self, mod: _Module, src, dst, src_layout, dst_layout, args: Mapping, stream, device) -> None:
+        """Gather a chunk of pages into the staging buffer, copy each staged page to the host,
+        next chunk (class docstring of the module)."""
+        torch = self._torch
+        driver, _ = _bindings()
+        sp, dp = base.layout_params(src_layout), base.layout_params(dst_layout)
+        s, _ = base.index_pair(args)
+        ps = int(args["page_size"])
+        n_pages = s.size // ps
+        if n_pages == 0:
+            return
+        layers = base.routine_layers("staged_all_layer_lf_pf", src_layout, args)
+        ib = _item_bytes("staged_all_layer_lf_pf", src_layout, dst_layout, args)
+        page_bytes = ps * len(layers) * ib
+        cap = staging_page_capacity(dp, ps)
+        pieces = base.page_pieces("staged_all_layer_lf_pf", src_layout, dst_layout, args)
+        with torch.cuda.stream(stream):
+            # on the launch stream: the caching allocator reuses them only after this stream's work
+            staging = torch.empty(cap * page_bytes, dtype=torch.uint8, device=device)
+            first = torch.from_numpy(np.ascontiguousarray(s[::ps])).to(device, non_blocking=True)
+            l_dev = torch.tensor(layers, dtype=torch.int64).to(device, non_blocking=True)
+        h = driver.CUstream(int(stream.cuda_stream))
+        for begin in range(0, n_pages, cap):
+            n = min(cap, n_pages - begin)
+            blocks, threads, _ = bk.stage_launch(n, ps, len(layers), ib)
+            values = {"src": src.ptr, "dst": staging.data_ptr(), "src_idx": first.data_ptr() + 8 * begin,
+                      "layer_ids": l_dev.data_ptr(), "n_layers": len(layers), "n_items": n,
+                      "item_bytes": ib, "page_tokens": ps,
+                      **bk.lay_values("src", sp), **bk.lay_values("dst", dp)}
+            self._launch(mod, bk.KERNELS["staged_all_layer_lf_pf"], (blocks, threads), values, stream)
+            for k in range(n):
+                at = staging.data_ptr() + k * page_bytes
+                for _, do, nbytes in pieces[begin + k].tolist():
+                    _check(driver.cuMemcpyAsync(dst.ptr + do, at, nbytes, h), f"cuMemcpyAsync({nbytes} bytes)")
+                    at += nbytes
+
+
+def staging_page_capacity(dst_params: base.LayoutParams, page_size: int) -> int:
+    """Pages per staging chunk: ``min(host pages, 64)`` as SGLang's page_first host pool sizes its
+    staging buffer (``min(page_num, _WRITE_BACK_STAGING_PAGE_CHUNK)``), at least one."""
+    return max(1, min(dst_params.units // page_size, base.STAGING_PAGE_CHUNK))
 
 
 def _item_bytes(routine: str, src_layout, dst_layout, args: Mapping) -> int:

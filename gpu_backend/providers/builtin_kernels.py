@@ -27,6 +27,12 @@ Kernels (one per routine family):
   ``t / entries_per_unit``, entry ``t % entries_per_unit`` of each side, and every field entry is
   copied to the same field entry of the destination token, 8, 4 or 1 bytes per lane step
   depending on alignment.
+* ``kvr_stage_pages``: the gather step of ``staged_all_layer_lf_pf``.  ``n_items`` pages (at most
+  one staging chunk); page ``k`` starts at source unit ``src_idx[k]`` (the first index of its
+  page_size group, already picked on the host) and holds ``page_tokens`` tokens.  The staging
+  buffer ``dst`` is dense, ordered (page, token, layer, 16-byte vector): the byte order of a
+  page_first host page, so each page then leaves in one memcpy.  One thread moves one 16-byte
+  vector per grid-stride step; blocks of 256 threads, grid ``ceil(vectors / 256)``.
 """
 from __future__ import annotations
 
@@ -49,7 +55,7 @@ PARAM_FIELDS: tuple[tuple[str, int], ...] = (
     ("src_idx", 1), ("dst_idx", 1),         # device int64 index arrays
     ("layer_ids", 1), ("n_layers", 1),      # device int64 layer ids
     ("n_items", 1), ("items_per_warp", 1),
-    ("item_bytes", 1), ("index_stride", 1), ("index_div", 1),
+    ("item_bytes", 1), ("index_stride", 1), ("index_div", 1), ("page_tokens", 1),
     *((f"src_{k}", 1) for k in LAY_FIELDS),
     *((f"dst_{k}", 1) for k in LAY_FIELDS),
     ("n_fields", 1),
@@ -58,7 +64,11 @@ PARAM_FIELDS: tuple[tuple[str, int], ...] = (
 PARAM_WORDS = sum(n for _, n in PARAM_FIELDS)
 KERNELS = {"kernel_per_layer": "kvr_rows", "kernel_all_layer": "kvr_rows",
            "dsa_indexer_per_layer": "kvr_rows", "dsv4_token": "kvr_dsv4",
-           "token_bytewise": "kvr_fields"}
+           "token_bytewise": "kvr_fields", "staged_all_layer_lf_pf": "kvr_stage_pages"}
+#: the gather step of the staged write-back: 256-thread blocks, one 16-byte vector per thread
+#: per grid-stride step, grid ceil(vectors / 256) (SGLang's relayout launch shape)
+STAGE_BLOCK_THREADS = 256
+STAGE_VEC_BYTES = 16
 
 
 def _struct_source() -> str:
@@ -107,6 +117,12 @@ def quota_launch(n_items: int) -> tuple[int, int, int]:
     ipw = -(-n_items // (QUOTA_BLOCKS * QUOTA_WARPS_PER_BLOCK))
     blocks = -(-n_items // (ipw * QUOTA_WARPS_PER_BLOCK))
     return blocks, QUOTA_WARPS_PER_BLOCK * WARP, ipw
+
+
+def stage_launch(n_pages: int, page_tokens: int, n_layers: int, item_bytes: int) -> tuple[int, int, int]:
+    """(blocks, threads per block, vectors) of the staged gather: one thread per 16-byte vector."""
+    vecs = n_pages * page_tokens * n_layers * (item_bytes // STAGE_VEC_BYTES)
+    return -(-vecs // STAGE_BLOCK_THREADS) if vecs > 0 else 0, STAGE_BLOCK_THREADS, vecs
 
 
 def warp_per_item_launch(n_items: int) -> tuple[int, int, int]:
@@ -237,6 +253,28 @@ extern "C" __global__ void __launch_bounds__(1024) kvr_fields(const Params p) {
         warp_copy_any(lane, s_tok + p.f_src_off[f] + s_e * len, d_tok + p.f_dst_off[f] + d_e * len, len);
       }
     }
+  }
+}
+
+// staged_all_layer_lf_pf, gather step: the tokens of n_items pages, every layer in layer_ids,
+// into the dense staging buffer p.dst, ordered (page, token, layer, 16-byte vector).
+extern "C" __global__ void __launch_bounds__(256) kvr_stage_pages(const Params p) {
+  const long long* first = reinterpret_cast<const long long*>(p.src_idx);
+  const long long* layers = reinterpret_cast<const long long*>(p.layer_ids);
+  const Lay sl = src_lay(p);
+  const long long per_item = p.item_bytes / 16;
+  const long long per_token = p.n_layers * per_item;
+  const long long per_page = p.page_tokens * per_token;
+  const long long total = p.n_items * per_page;
+  const long long step = (long long)gridDim.x * blockDim.x;
+  uint4* staging = reinterpret_cast<uint4*>(p.dst);
+  for (long long v = (long long)blockIdx.x * blockDim.x + threadIdx.x; v < total; v += step) {
+    const long long page = v / per_page;
+    const long long tok = (v - page * per_page) / per_token;
+    const long long k = (v - page * per_page - tok * per_token) / per_item;
+    const long long w = v - page * per_page - tok * per_token - k * per_item;
+    const char* s = reinterpret_cast<const char*>(p.src) + unit_off(sl, layers[k], first[page] + tok) + w * 16;
+    __stcg(staging + v, __ldg(reinterpret_cast<const uint4*>(s)));
   }
 }
 """

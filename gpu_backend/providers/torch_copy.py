@@ -3,6 +3,10 @@
 * Both buffers on the same GPU, a row routine whose units have a constant stride
   (``kernel_per_layer``, ``kernel_all_layer``, ``dsa_indexer_per_layer`` on layer-major or
   page_first layouts): ``index_copy_`` of ``index_select``-ed rows over strided 2-D views.
+* ``direct_page_first`` and ``staged_all_layer_lf_pf`` (the page routines): one ``copy_`` per
+  contiguous piece of each page, page by page, never merged across pages (SGLang's direct
+  backend issues one memcpy per page; the staged backup ends in one memcpy per page).  These are
+  the plain-copy analogue: no staging buffer, no gather kernel.
 * Anything else (host <-> device, page_first_direct, ``direct_per_layer``, per-token routines):
   the copy's byte pieces, computed on the host from the layout parameters and merged where they
   are contiguous on both sides, each issued as ``dst[a:b].copy_(src[c:d], non_blocking=True)``
@@ -29,6 +33,9 @@ def host_pieces(routine: str, src_layout, dst_layout, args: Mapping) -> np.ndarr
     sp, dp = base.layout_params(src_layout), base.layout_params(dst_layout)
     s, d = base.index_pair(args)
     layers = base.routine_layers(routine, src_layout, args)
+    if routine in base.PAGE_ROUTINES:
+        pages = base.page_pieces(routine, src_layout, dst_layout, args)
+        return np.concatenate(pages).reshape(-1, 3) if pages else np.zeros((0, 3), dtype=np.int64)
     if routine == "direct_per_layer":
         return np.array(base.direct_pieces(sp, dp, layers[0], s, d), dtype=np.int64).reshape(-1, 3)
     rows: list[tuple[int, int, int]] = []
@@ -92,6 +99,9 @@ class TorchProvider:
         args = base.as_mapping(args)
         if src_layout.kind == "host" and dst_layout.kind == "host":
             return False, "both buffers are host buffers; expected at least one device buffer"
+        why = base.simulator_refusal(routine, src_layout, dst_layout, args)
+        if why:
+            return False, why
         pieces = host_pieces(routine, src_layout, dst_layout, args)
         for side, col, nbytes in (("src", 0, src_layout.nbytes), ("dst", 1, dst_layout.nbytes)):
             bad = (pieces[:, col] < 0) | (pieces[:, col] + pieces[:, 2] > nbytes)
