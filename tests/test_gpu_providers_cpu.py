@@ -344,3 +344,184 @@ def test_shim_reports_a_missing_package():
     with pytest.raises(sglang_shim.ShimError, match="package 'kvrace_no_such_pkg' is not installed"):
         sglang_shim.import_jit_module("hisparse", package="kvrace_no_such_pkg")
     sglang_shim.SHIM_STATE.pop("kvrace_no_such_pkg", None)
+
+
+# ---------------------------------------------------------------- page routines (direct_page_first, staged)
+
+PAGE_CASES = [c for r in base.PAGE_ROUTINES for c in random_cases(r, np.random.default_rng(21), 8)]
+
+
+def _page_layouts(ub: int = 256, ps: int = 4, layers: int = 3, pages: int = 80):
+    dev = PagedLayout("dev", layers, pages * ps, ub)
+    return (dev, HostLayout("pf", "page_first", layers, pages * ps, ub),
+            HostLayout("pfd", "page_first_direct", layers, pages * ps, ub, ps))
+
+
+def _pages(first_pages, ps: int = 4) -> list[int]:
+    return [p * ps + t for p in first_pages for t in range(ps)]
+
+
+def test_page_cases_cover_chunks_both_directions_and_scattered_pages():
+    names = [c[0] for c in PAGE_CASES]
+    assert any("staged" in n and int(n.split()[-2]) > 64 for n in names), names
+    assert any("direct" in n and "page_first_direct->paged" in n for n in names), names
+    assert any("direct" in n and "paged->page_first_direct" in n for n in names), names
+    for _, _, _, args in PAGE_CASES:
+        firsts = np.asarray(args["src_indices"])[::args["page_size"]]
+        assert np.unique(firsts).size == firsts.size
+
+
+@pytest.mark.parametrize("name,src,dst,args", PAGE_CASES, ids=[c[0] for c in PAGE_CASES])
+def test_page_pieces_are_one_memcpy_per_page_and_match_the_simulator(name, src, dst, args):
+    routine = name.split("[")[0]
+    p = plan(routine, src, dst, args)
+    pages = base.page_pieces(routine, src, dst, args)
+    assert len(pages) == p.n_items == len(args["src_indices"]) // args["page_size"]
+    want = _merged_plan_rows(p)
+    assert np.array_equal(np.concatenate(pages), want)
+    # in these cases item_bytes == unit_bytes: a page_first host page (staged, all layers) and a
+    # page_first_direct page row (one layer) are contiguous, so each page is one memcpy on the
+    # host side; the device side of a staged page is one piece per (token, layer)
+    host_side = 1 if dst.kind == "host" else 0
+    for x in pages:
+        assert np.unique(x[:, host_side] // 1).size == len(x)
+        if routine == "direct_page_first":
+            assert len(x) == 1, name
+    assert np.array_equal(host_pieces(routine, src, dst, args), want)
+
+
+def test_page_routines_take_only_the_first_index_of_each_page():
+    dev, pf, pfd = _page_layouts()
+    a = {"layer": 1, "src_indices": [8, 99, 99, 99], "dst_indices": [5, -7, 3, 3], "page_size": 4}
+    (piece,) = base.page_pieces("direct_page_first", pfd, dev, a)
+    # host page 8 // 4 = 2, rows 8..11 of layer 1; device rows 5..8 of layer 1
+    assert piece.tolist() == [[int(pfd.unit_offsets(1, [8])[0]), int(dev.unit_offsets(1, [5])[0]), 4 * 256]]
+    a = {"src_indices": [6, 0, 0, 0], "dst_indices": [12, 1, 1, 1], "page_size": 4}
+    (piece,) = base.page_pieces("staged_all_layer_lf_pf", dev, pf, a)
+    # host tokens 12..15, all 3 layers: one contiguous 4 x 3 x 256 B page; device rows 6..9 per layer
+    assert piece[0, 1] == pf.unit_offsets(0, [12])[0] and piece[:, 2].sum() == 4 * 3 * 256
+    assert piece[0, 0] == dev.unit_offsets(0, [6])[0] and piece[1, 0] == dev.unit_offsets(1, [6])[0]
+
+
+def test_providers_refuse_what_the_simulator_refuses_for_page_routines():
+    dev, pf, pfd = _page_layouts()
+    ragged = {"src_indices": [0, 1, 2], "dst_indices": [4, 5, 6], "page_size": 4}
+    for prov in (BuiltinProvider(), TorchProvider(), SGLangProvider()):
+        ok, why = prov.supports("staged_all_layer_lf_pf", dev, pfd, {**ragged, "src_indices": [0, 1, 2, 3],
+                                                                     "dst_indices": [4, 5, 6, 7]})
+        assert not ok and "simulator refuses" in why and "page_first host layout" in why, prov.name
+        ok, why = prov.supports("direct_page_first", pfd, dev, {**ragged, "layer": 0})
+        assert not ok and "divisible by page size" in why, prov.name
+    odd = PagedLayout("odd", 3, 320, 24)
+    ok, why = BuiltinProvider().supports("staged_all_layer_lf_pf", odd, HostLayout("h", "page_first", 3, 320, 24),
+                                         {"src_indices": [0, 1, 2, 3], "dst_indices": [4, 5, 6, 7],
+                                          "page_size": 4, "item_bytes": 16})
+    assert not ok and "unit_bytes 24 is not a multiple of 16" in why
+
+
+def test_staging_chunks_follow_sglangs_capacity():
+    from gpu_backend.providers.builtin import staging_page_capacity
+
+    for units, ps, want in ((80 * 4, 4, 64), (10 * 4, 4, 10), (3, 4, 1), (64 * 2, 2, 64), (65 * 2, 2, 64)):
+        p = base.layout_params(HostLayout("h", "page_first", 2, units, 64))
+        assert staging_page_capacity(p, ps) == want
+    assert base.STAGING_PAGE_CHUNK == 64
+    blocks, threads, vecs = bk.stage_launch(64, 4, 3, 576 - 576 % 16)
+    assert threads == 256 and vecs == 64 * 4 * 3 * (576 // 16) and blocks == -(-vecs // 256)
+    assert bk.stage_launch(0, 4, 3, 256)[0] == 0
+    assert bk.KERNELS["staged_all_layer_lf_pf"] == "kvr_stage_pages"
+    assert "page_tokens" in dict(bk.PARAM_FIELDS)
+
+
+def test_sglang_staged_rules_name_the_kernel_and_the_problem(monkeypatch):
+    dev, pf, _ = _page_layouts()
+    args = {"src_indices": _pages([3, 70, 11]), "dst_indices": _pages([0, 79, 40]), "page_size": 4}
+    assert SGLangProvider().supports("staged_all_layer_lf_pf", dev, pf, args) == (True, "")
+    ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", dev, pf, {**args, "item_bytes": 128})
+    assert not ok and "ptr[layer] + t * element_size" in why and "unit_bytes == item_bytes (128)" in why
+    host_src = HostLayout("hsrc", "layer_first", 3, 320, 256)
+    ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", host_src, pf, args)
+    assert ok, why   # a layer_first host source has the same addressing as a layer-major device pool
+    pf_src = HostLayout("pfsrc", "page_first", 3, 320, 256)
+    ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", pf_src, pf, args)
+    assert not ok and "layer-major" in why
+    ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", dev, pf,
+                                        {**args, "dst_indices": _pages([0, 80, 40])})
+    assert not ok and "dst token 320 is outside 0..319" in why and "uint32" in why
+
+
+class _FakeKv:
+    def transfer_kv_per_layer_direct_pf_lf(self, *a):
+        pass
+
+    def transfer_kv_all_layer_direct_lf_pf(self, *a):
+        pass
+
+
+def test_sglang_direct_page_first_rules(monkeypatch):
+    import gpu_backend.providers.sglang_kernels as sk
+
+    dev, pf, pfd = _page_layouts()
+    h2d = {"layer": 2, "src_indices": _pages([5, 1]), "dst_indices": _pages([0, 9]), "page_size": 4}
+    d2h = {**h2d, "src_indices": h2d["dst_indices"], "dst_indices": h2d["src_indices"]}
+    monkeypatch.setattr(sk, "_aot", lambda: (None, "sgl_kernel.kvcacheio is not importable (test)"))
+    ok, why = SGLangProvider().supports("direct_page_first", pfd, dev, h2d)
+    assert not ok and "needs sgl_kernel.transfer_kv_*_direct" in why and "(test)" in why
+    monkeypatch.setattr(sk, "_aot", lambda: (_FakeKv(), ""))
+    assert SGLangProvider().supports("direct_page_first", pfd, dev, h2d) == (True, "")
+    assert SGLangProvider().supports("direct_page_first", dev, pfd, d2h) == (True, "")
+    ok, why = SGLangProvider().supports("direct_page_first", dev, dev, h2d)
+    assert not ok and "got paged -> paged" in why
+    other_ps = HostLayout("pfd8", "page_first_direct", 3, 320, 256, 8)
+    ok, why = SGLangProvider().supports("direct_page_first", other_ps, dev, h2d)
+    assert not ok and "page_size 4" in why and "page_size 8" in why
+    # a device page starting at row 318 reaches rows 318..321: only the first index counts
+    ok, why = SGLangProvider().supports("direct_page_first", pfd, dev,
+                                        {**h2d, "dst_indices": [0, 1, 2, 3, 318, 0, 0, 0]})
+    assert not ok and "dst row 320 is outside 0..319" in why
+
+    class _Old:
+        transfer_kv_all_layer_direct_lf_pf = _FakeKv.transfer_kv_all_layer_direct_lf_pf
+
+    monkeypatch.setattr(sk, "_aot", lambda: (_Old(), ""))
+    ok, why = SGLangProvider().supports("direct_page_first", pfd, dev, h2d)
+    assert not ok and "no transfer_kv_per_layer_direct_pf_lf" in why
+
+
+class _StridedBytes:
+    """The two tensor calls ``_host_pages`` and ``_rows`` make (``storage_offset``, ``as_strided``),
+    over a numpy byte array, so the derived views can be read without torch."""
+
+    def __init__(self, base_arr: np.ndarray, offset: int = 0):
+        self.base, self.offset = base_arr, offset
+
+    def storage_offset(self) -> int:
+        return self.offset
+
+    def as_strided(self, shape, strides, offset):
+        return np.lib.stride_tricks.as_strided(self.base[offset:], shape=shape, strides=strides)
+
+
+def test_sglang_views_of_a_page_first_direct_pool_address_the_layouts_rows():
+    import types
+
+    import gpu_backend.providers.sglang_kernels as sk
+
+    _, _, pfd = _page_layouts(ub=32, layers=3, pages=6)
+    dev = PagedLayout("dev", 3, 24, 32)
+    p, dp = base.layout_params(pfd), base.layout_params(dev)
+    raw = np.concatenate([np.zeros(16, np.uint8), np.arange(pfd.nbytes, dtype=np.int64).astype(np.uint8)])
+    buf = types.SimpleNamespace(tensor=_StridedBytes(raw, 16))
+    whole = sk._host_pages(buf, p, 0, 3)
+    one = sk._host_pages(buf, p, 2, 1)
+    assert whole.shape == (6, 3, 4, 32) and one.shape == (6, 1, 4, 32)
+    for page in range(6):
+        for L in range(3):
+            off = int(pfd.unit_offsets(L, [page * 4])[0]) + 16
+            assert np.array_equal(whole[page, L].reshape(-1), raw[off:off + 4 * 32])
+        off = int(pfd.unit_offsets(2, [page * 4])[0]) + 16
+        assert np.array_equal(one[page, 0].reshape(-1), raw[off:off + 4 * 32])
+    draw = np.arange(dev.nbytes, dtype=np.int64).astype(np.uint8)
+    rows = sk._rows(types.SimpleNamespace(tensor=_StridedBytes(draw)), dp, 1, 32)
+    off = int(dev.unit_offsets(1, [7])[0])
+    assert np.array_equal(rows[7], draw[off:off + 32])
