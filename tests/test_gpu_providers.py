@@ -19,13 +19,18 @@ from gpu_backend.extents_model import apply_extents, oob_dst_bytes  # noqa: E402
 from gpu_backend.memory import BufferSet, canary_bytes  # noqa: E402
 from gpu_backend.providers import base, get_provider  # noqa: E402
 from gpu_backend.providers.builtin import compile_only  # noqa: E402
+from gpu_backend.providers.sglang_kernels import _aot  # noqa: E402
 from sim.bytes.pattern import Origin, pattern_bytes  # noqa: E402
 from sim.transfers.routines import check_bounds, plan  # noqa: E402
 
 PROVIDER_NAMES = ("builtin", "torch", "sglang")
 #: routines each provider must have run at least once over the random cases
 MUST_RUN = {"builtin": set(base.ROUTINE_NAMES), "torch": set(base.ROUTINE_NAMES),
-            "sglang": {"kernel_per_layer", "kernel_all_layer", "dsa_indexer_per_layer", "dsv4_token"}}
+            "sglang": {"kernel_per_layer", "kernel_all_layer", "dsa_indexer_per_layer", "dsv4_token",
+                       "staged_all_layer_lf_pf"}}
+if _aot()[0] is not None:
+    # sgl_kernel present: its page-first direct copies must run too
+    MUST_RUN["sglang"].add("direct_page_first")
 CASES = [(r, c) for r in base.ROUTINE_NAMES for c in random_cases(r, np.random.default_rng(11), 4)]
 
 
@@ -109,6 +114,34 @@ def test_item_range_split_gives_the_same_bytes(provider):
             f"{provider.name} {name}: items 0..{cut - 1} alone"
         done.add(routine)
     assert done, f"{provider.name}: no routine had a case to split"
+
+
+@pytest.mark.parametrize("routine", base.PAGE_ROUTINES)
+def test_page_routines_on_random_page_sets_match_the_simulator(provider, routine):
+    """Random whole-page index sets: scattered pages, 1..20 pages and 65..150 pages (more than
+    one 64-page staging chunk), both directions for the direct copy; every provider that supports
+    a case leaves the model's bytes, whole and split at a page boundary."""
+    rng = np.random.default_rng(31)
+    ran = 0
+    for name, src_l, dst_l, args in random_cases(routine, rng, 8):
+        ok, why = provider.supports(routine, src_l, dst_l, args)
+        if not ok:
+            assert provider.name == "sglang" and routine == "direct_page_first", f"{name}: {why}"
+            continue
+        ext = plan(routine, src_l, dst_l, args).extents
+        bs, src0, dst0 = _run(provider, routine, src_l, dst_l, args)
+        want = apply_extents(src0, dst0, ext)
+        diff = np.flatnonzero(bs.read("dst") != want)
+        assert diff.size == 0, (f"{provider.name} {name}: {diff.size} bytes differ from the model, first at "
+                                f"{int(diff[0])} ({dst_l.describe(int(diff[0]))})")
+        assert bs.check_guards() == [], f"{provider.name} {name}: {bs.check_guards()}"
+        n = base.n_items(routine, args)
+        cut = int(rng.integers(1, n)) if n > 1 else n
+        split, _, _ = _run(provider, routine, src_l, dst_l, args, ranges=((0, cut), (cut, n)))
+        assert np.array_equal(split.read("dst"), want), f"{provider.name} {name}: split at page {cut}"
+        ran += 1
+    if MUST_RUN[provider.name] >= {routine}:
+        assert ran, f"{provider.name} ran no {routine} case"
 
 
 def test_c4_routine_on_256_byte_tokens_writes_where_the_model_says(provider):
