@@ -441,9 +441,8 @@ def test_sglang_staged_rules_name_the_kernel_and_the_problem(monkeypatch):
     assert not ok and "ptr[layer] + t * element_size" in why and "unit_bytes == item_bytes (128)" in why
     host_src = HostLayout("hsrc", "layer_first", 3, 320, 256)
     ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", host_src, pf, args)
-    assert ok, why   # a layer_first host source has the same addressing as a layer-major device pool
-    pf_src = HostLayout("pfsrc", "page_first", 3, 320, 256)
-    ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", pf_src, pf, args)
+    assert not ok and "backs up a device pool" in why and "host source" in why
+    ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", dev, pf, {**args, "item_bytes": 64})
     assert not ok and "layer-major" in why
     ok, why = SGLangProvider().supports("staged_all_layer_lf_pf", dev, pf,
                                         {**args, "dst_indices": _pages([0, 80, 40])})

@@ -106,7 +106,7 @@ class SGLangProvider:
         if why:
             return None, why
         if routine == "staged_all_layer_lf_pf":
-            why = self._staged_rule(sp, dp, args)
+            why = self._staged_rule(src_layout.kind, sp, dp, args)
             return (None, why) if why else ("staged", "")
         aot, aot_why = _aot()
         if routine == "direct_page_first":
@@ -145,9 +145,12 @@ class SGLangProvider:
         return ""
 
     @staticmethod
-    def _staged_rule(sp, dp, args: Mapping) -> str:
+    def _staged_rule(src_kind: str, sp, dp, args: Mapping) -> str:
         """Why transfer_hicache_all_layer_mla_staged_lf_pf cannot run this copy ("" when it can)."""
         ib = int(args["item_bytes"]) if args.get("item_bytes") is not None else sp.unit_bytes
+        if src_kind != "paged":
+            return ("transfer_hicache_all_layer_mla_staged_lf_pf backs up a device pool (its pointer "
+                    f"table lists device layers); got a {src_kind} source")
         if sp.mode != base.MODE_LAYER_MAJOR or sp.page_size != 1 or sp.unit_bytes != ib:
             return (f"transfer_hicache_all_layer_mla_staged_lf_pf reads token t of a layer at "
                     f"ptr[layer] + t * element_size: expected a layer-major device source with "
