@@ -110,9 +110,6 @@ class KvraceSide:
     def key(self, tokens):
         return self.RadixKey(np.asarray([int(t) for t in tokens], dtype=np.int64))
 
-    def indices(self, values):
-        return np.asarray([int(v) for v in values], dtype=np.int64)
-
     @staticmethod
     def as_list(a) -> Optional[list[int]]:
         return None if a is None else _to_list(a)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-__all__ = ["generate", "apply_op", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
+__all__ = ["generate", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
            "scenario_split_pending_backup", "scenario_load_back_evicts_its_source"]
 
 OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
@@ -165,7 +165,8 @@ class SideDriver:
     """Applies ops to one side (``SGLangSide`` or ``KvraceSide``): the side gives ``cache``
     (the tree; for kvrace the session's settled tree), ``records`` (a module with
     ``InsertParams``, ``MatchPrefixParams``, ``EvictParams``, ``InitLoadBackParams``),
-    ``key(tokens)``, ``indices(values)``, ``as_list(array)``, ``allocator``."""
+    ``key(tokens)``, ``as_list(array)``, ``token_list(key)``, ``root()``, ``allocator``,
+    ``complete_acks(queue, count)``, ``complete_all()``."""
 
     def __init__(self, side):
         self.side = side
@@ -264,10 +265,6 @@ class SideDriver:
             return ("ok",)
         raise ValueError(f"unknown op {kind!r}")
 
-
-def apply_op(driver: SideDriver, op: dict):
-    """``driver.apply(op)`` (a function for symmetry with the comparison)."""
-    return driver.apply(op)
 
 
 def scenario_fourth_load(page_size: int = 1, device_tokens: int = 48) -> list[dict]:

@@ -366,9 +366,6 @@ class SGLangSide:
 
         return self.RadixKey(array("q", [int(t) for t in tokens]))
 
-    def indices(self, values):
-        return self.torch.tensor([int(v) for v in values], dtype=self.torch.int64)
-
     @staticmethod
     def as_list(t) -> Optional[list[int]]:
         return None if t is None else _to_list(t) if hasattr(t, "tolist") else [int(x) for x in t]
