@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from sim.cache.radix import CacheStateError, RadixCache, RadixKey, TreeNode, as_indices
+from sim.cache.radix import CacheAssertionError, RadixCache, RadixKey, TreeNode, as_indices
 from sim.cache.records import (
     CacheInitParams,
     EvictParams,
@@ -142,7 +142,7 @@ class HiRadixCache(RadixCache):
             return 0
         node.host_value = as_indices(host_indices).copy()
         if len(node.host_value) == 0:
-            raise CacheStateError(f"node {node.id}: the controller returned no host slots for a backup")
+            raise CacheAssertionError(f"node {node.id}: the controller returned no host slots for a backup")
         self._track_write_through_node(node, len(node.key))
         if not write_back:
             self.inc_lock_ref(node)
@@ -207,7 +207,7 @@ class HiRadixCache(RadixCache):
                         self._finish_write_through_ack(ack_id, release_lock=False)
                 controller.ack_write_queue.clear()
                 if self.ongoing_write_through:
-                    raise CacheStateError(f"write-back acks missing for nodes {sorted(self.ongoing_write_through)}")
+                    raise CacheAssertionError(f"write-back acks missing for nodes {sorted(self.ongoing_write_through)}")
             return
         finish_count = 0
         if self.pp_rank == 0:
@@ -273,7 +273,7 @@ class HiRadixCache(RadixCache):
         nodes_to_load = []
         while node.evicted:
             if not node.backuped:
-                raise CacheStateError(f"node {node.id} is evicted without a host copy")
+                raise CacheAssertionError(f"node {node.id} is evicted without a host copy")
             nodes_to_load.insert(0, node)
             node = node.parent
         ancester_node = node
@@ -389,14 +389,14 @@ class HiRadixCache(RadixCache):
             self.writing_check(write_back=True)
             for n in write_back_nodes:
                 if not n.backuped:
-                    raise CacheStateError(f"node {n.id} written back without a host copy")
+                    raise CacheAssertionError(f"node {n.id} written back without a host copy")
                 self._evict_backuped(n)
         return EvictResult(num_tokens_evicted=num_evicted)
 
     def _evict_backuped(self, node: TreeNode) -> int:
         num_evicted = self.cache_controller.evict_device(node.value)
         if num_evicted <= 0:
-            raise CacheStateError(f"node {node.id}: evicting its device copy freed no slots")
+            raise CacheAssertionError(f"node {node.id}: evicting its device copy freed no slots")
         self.evictable_size_ -= num_evicted
         node.value = None
         self._update_leaf_status(node)
@@ -406,7 +406,7 @@ class HiRadixCache(RadixCache):
 
     def _evict_regular(self, node: TreeNode) -> int:
         if len(node.children) != 0:
-            raise CacheStateError(f"node {node.id}: regular eviction of a non-leaf")
+            raise CacheAssertionError(f"node {node.id}: regular eviction of a non-leaf")
         self.cache_controller.mem_pool_device_allocator.free(node.value)
         num_evicted = len(node.value)
         self._delete_leaf(node)
@@ -433,7 +433,7 @@ class HiRadixCache(RadixCache):
             key = x.key.child_key(self.page_size)
             removed = x.parent.children.pop(key, None)
             if removed is not x:
-                raise CacheStateError(f"node {x.id}: its parent has no child under key {show(key)}")
+                raise CacheAssertionError(f"node {x.id}: its parent has no child under key {show(key)}")
             self.evictable_host_leaves.discard(x)
             self._update_host_leaf_status(x.parent)
             if len(x.parent.children) == 0 and x.parent.evicted:

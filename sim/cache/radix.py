@@ -38,12 +38,21 @@ from sim.cache.records import (
 )
 from sim.errors import InputError, KvraceError, show
 
-__all__ = ["RadixKey", "TreeNode", "LogicalClock", "RadixCache", "CacheStateError", "as_indices"]
+__all__ = ["RadixKey", "TreeNode", "LogicalClock", "RadixCache", "CacheStateError", "CacheAssertionError",
+           "as_indices"]
 
 
 class CacheStateError(KvraceError, RuntimeError):
-    """A cache operation that SGLang refuses with an exception or assertion (releasing a host
-    reference that is not held, a node that is not where the tree says it is)."""
+    """A cache operation that SGLang refuses with an exception (releasing a host reference
+    that is not held, a node that is not in the tree)."""
+
+
+class CacheAssertionError(CacheStateError, AssertionError):
+    """Where SGLang 0.5.14 fails an ``assert`` (a node missing under its parent's key, an evicted
+    node without a host copy, ...).
+
+    NOTE: also an ``AssertionError``, so code that catches what SGLang raises catches this;
+    ``tests/differential/FINDINGS.md`` F2 reaches one of them in SGLang and here alike."""
 
 
 def as_indices(values, where: str = "value") -> np.ndarray:
@@ -522,7 +531,7 @@ class RadixCache:
         key = node.key.child_key(self.page_size)
         removed = node.parent.children.pop(key, None)
         if removed is not node:
-            raise CacheStateError(f"node {node.id}: its parent has no child under key {show(key)}")
+            raise CacheAssertionError(f"node {node.id}: its parent has no child under key {show(key)}")
         self.evictable_size_ -= len(node.key)
         self.evictable_leaves.discard(node)
         self._update_leaf_status(node.parent)
