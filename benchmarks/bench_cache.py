@@ -19,7 +19,8 @@ request) is what SGLang's scheduler does around a prefill with HiCache:
    per layer the latent and index-K copies and the layer's event);
 5. allocate the new tokens' slots (``evict`` what is missing first: device pressure);
 6. the forward pass: per layer, ``wait_until(layer)`` on the load's producer slot (the
-   gated accessor), then the layer's latent and index-K ``write`` ops of the new tokens;
+   gated accessor), a ``compute`` op (``--prefill-us`` per new token: the layer's
+   attention and MLP), then the layer's latent and index-K ``write`` ops of the new tokens;
    the scheduler waits for the forward stream (``copy_done.synchronize()``);
 7. ``insert(key, prefix slots + new slots)``: write_through backs the new leaf up at once
    (``start_writing``: one all-layer backup on the write stream; a full host pool makes
@@ -28,7 +29,8 @@ request) is what SGLang's scheduler does around a prefill with HiCache:
 The decode tokens of a turn are not run: the assistant's reply is part of the next turn's
 prompt (prefilled then), so each turn's new tokens stand for user message + reply.  Token
 counts are multiples of the page size (64; SGLang's paged allocator ``alloc_extend`` handles
-ragged tails, the benchmark does not need them).
+ragged tails, the benchmark does not need them).  The shared system prompt is a twentieth
+of the final prefix.
 
 Model: DSA (``DSATokenToKVPool``: fp8 latent rows plus the index-K sidecar pages, page
 size 64), ``--layers`` (61, DeepSeek V3.2), ``page_first`` host layout with the ``kernel``
@@ -73,8 +75,13 @@ from sim.cache.radix import RadixKey  # noqa: E402
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams  # noqa: E402
 
 PAGE = 64
-SYSTEM_PROMPT = 4096          # tokens shared by every session
 STALL_US = 50.0               # host wait before re-polling acks when eviction falls short
+
+
+def system_tokens(final_tokens: int) -> int:
+    """The system prompt every session shares: a twentieth of the final prefix, in pages
+    (4,032 tokens for 80k)."""
+    return max(PAGE, round(final_tokens / 20 / PAGE) * PAGE)
 
 
 def plan(sessions: int, turns: int, final_tokens: int, seed: int):
@@ -83,14 +90,15 @@ def plan(sessions: int, turns: int, final_tokens: int, seed: int):
     Turn increments are drawn from 0.5..1.5 of the mean and scaled so the last turn sends
     ``final_tokens`` (rounded to pages); all lengths are page multiples."""
     rng = np.random.default_rng(seed)
-    system = np.arange(1, SYSTEM_PROMPT + 1, dtype=np.int64)
+    system = np.arange(1, system_tokens(final_tokens) + 1, dtype=np.int64)
+    shared = len(system)
     convs, lens = [], []
-    own = final_tokens - SYSTEM_PROMPT
+    own = final_tokens - shared
     for i in range(sessions):
         w = rng.uniform(0.5, 1.5, turns)
         cum = np.cumsum(w) / w.sum() * own
         pages = np.maximum(np.round(cum / PAGE).astype(np.int64), np.arange(1, turns + 1))
-        lens.append(SYSTEM_PROMPT + pages * PAGE)
+        lens.append(shared + pages * PAGE)
         body = 10_000_000 * (i + 1) + np.arange(int(pages[-1]) * PAGE, dtype=np.int64)
         convs.append(np.concatenate([system, body]))
     order = []
@@ -101,9 +109,11 @@ def plan(sessions: int, turns: int, final_tokens: int, seed: int):
 
 
 class Bench:
-    def __init__(self, sessions, turns, final_tokens, layers, device_frac, hicache_ratio, seed):
+    def __init__(self, sessions, turns, final_tokens, layers, device_frac, hicache_ratio, seed, layer_us):
+        self.layer_us = layer_us
         self.convs, self.lens, self.order = plan(sessions, turns, final_tokens, seed)
-        working = SYSTEM_PROMPT + sum(int(x[-1]) - SYSTEM_PROMPT for x in self.lens)
+        system = system_tokens(final_tokens)
+        working = system + sum(int(x[-1]) - system for x in self.lens)
         device_tokens = max(3 * final_tokens, int(working * device_frac)) // PAGE * PAGE
         self.s = CacheSession(model="dsa", layers=layers, page_size=PAGE, device_tokens=device_tokens,
                               hicache_ratio=hicache_ratio, layout="page_first", io_backend="kernel",
@@ -130,6 +140,7 @@ class Bench:
         for layer in range(self.layers):
             if producer >= 0:
                 counter.wait_until(layer, "forward")
+            host.issue({"op": "compute", "stream": "forward", "duration_us": self.layer_us * len(rows)})
             for name, lay in s.device_pool.layouts.items():
                 host.issue({"op": "write", "stream": "forward", "buffer": name, "layer": layer,
                             "units": rows if lay.entries_per_page == 1 else pages, "owner": owner,
@@ -194,7 +205,8 @@ def executor_ops(s: CacheSession) -> int:
 
 
 def one(args, sessions: int, profile: bool) -> dict:
-    b = Bench(sessions, args.turns, args.final_tokens, args.layers, args.device_frac, args.hicache_ratio, args.seed)
+    b = Bench(sessions, args.turns, args.final_tokens, args.layers, args.device_frac, args.hicache_ratio, args.seed,
+              args.prefill_us)
     prof = cProfile.Profile() if profile else None
     w0, c0 = time.perf_counter(), time.process_time()
     if prof:
@@ -238,6 +250,9 @@ def main(argv=None) -> None:
     ap.add_argument("--device-frac", type=float, default=0.25)
     ap.add_argument("--hicache-ratio", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefill-us", type=float, default=0.6,
+                    help="simulated prefill compute per new token and layer, us (0.6: about 27k tokens/s "
+                         "for 61 layers, a DeepSeek V3-class prefill on a node)")
     ap.add_argument("--profile-biggest", action="store_true", help="cProfile the largest size (a separate run)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
@@ -248,7 +263,8 @@ def main(argv=None) -> None:
         return
     base = [sys.executable, __file__, "--turns", str(args.turns), "--final-tokens", str(args.final_tokens),
             "--layers", str(args.layers), "--device-frac", str(args.device_frac),
-            "--hicache-ratio", str(args.hicache_ratio), "--seed", str(args.seed)]
+            "--hicache-ratio", str(args.hicache_ratio), "--seed", str(args.seed),
+            "--prefill-us", str(args.prefill_us)]
     runs = [(n, False) for n in args.sessions]
     if args.profile_biggest:
         runs.append((max(args.sessions), True))
