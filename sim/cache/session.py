@@ -265,17 +265,20 @@ class CacheSession:
         ``session.host``'s ``delay``/``synchronize`` or ``controller.settle()``) is waited
         for, and its return value is the result."""
         self._open()
-        self.settle()                  # a previous call that raised may have left steps pending
-        out = fn(*args, **kwargs)
-        if inspect.isgenerator(out):
-            gen, value = out, None
-            try:
-                while True:
-                    self._block(gen.send(value))
-                    value = None
-            except StopIteration as stop:
-                out = stop.value
-        self.settle()
+        try:
+            out = fn(*args, **kwargs)
+            if inspect.isgenerator(out):
+                gen, value = out, None
+                try:
+                    while True:
+                        self._block(gen.send(value))
+                        value = None
+                except StopIteration as stop:
+                    out = stop.value
+        finally:
+            # NOTE: also when fn raised: in SGLang the blocking steps queued before the
+            # exception (a direct-backend backup's index .cpu()) had already run by then.
+            self.settle()
         return out
 
     def advance(self, us: float) -> None:
