@@ -221,3 +221,24 @@ def test_scenario_workload_is_the_incident_shape():
     reqs = w.simulate(lambda r: 1000)
     assert len({r.session for r in reqs}) == s.workload.sessions
     assert isinstance(s, Scenario)
+
+
+# ---------------------------------------------------------------- kvrace scenarios
+
+def test_cli_lists_presets_one_line_each(capsys, tmp_path):
+    from kvrace.cli import main
+
+    assert main(["scenarios"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(shipped_scenarios())
+    inc = next(line for line in lines if line.startswith("incident "))
+    assert "deepseek-v4-flash, 8 x rtx-pro-6000, PD prefill TP4 / decode TP4" in inc
+    out = tmp_path / "s.json"
+    assert main(["scenarios", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [d["name"] for d in doc] == shipped_scenarios()
+    assert all(scenario_from_dict(d["scenario"]).digest() == d["digest"] for d in doc)
+    capsys.readouterr()
+    assert main(["scenarios", "--json", "-"]) == 0
+    assert json.loads(capsys.readouterr().out) == doc
+    assert main(["scenarios", "--json", str(tmp_path / "no" / "x.json")]) == 2
