@@ -242,3 +242,14 @@ def test_cli_lists_presets_one_line_each(capsys, tmp_path):
     assert main(["scenarios", "--json", "-"]) == 0
     assert json.loads(capsys.readouterr().out) == doc
     assert main(["scenarios", "--json", str(tmp_path / "no" / "x.json")]) == 2
+
+
+def test_docs_name_every_key_and_preset():
+    import dataclasses
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    for name, cls in SECTIONS.items():
+        assert f"### `[{name}]`" in text
+        for f in dataclasses.fields(cls):
+            assert f"| `{f.name}` |" in text, (name, f.name)
+    for preset in shipped_scenarios():
+        assert f"`{preset}`" in text

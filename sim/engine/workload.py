@@ -216,9 +216,9 @@ class WorkloadSpec(Section):
     max_context_tokens: int = opt(81920, "a session ends when its next turn could not fit", lo=1)
     max_turns: int = opt(0, "turns per session at most (0: no limit)", lo=0)
     user_tokens_min: int = opt(1024, "new user tokens per later turn, drawn uniformly", lo=1)
-    user_tokens_max: int = opt(3072, "", lo=1)
+    user_tokens_max: int = opt(3072, "upper end of the new user tokens' range", lo=1)
     output_tokens_min: int = opt(128, "output tokens per turn, drawn uniformly", lo=1)
-    output_tokens_max: int = opt(1024, "", lo=1)
+    output_tokens_max: int = opt(1024, "upper end of the output tokens' range", lo=1)
     vocab_size: int = opt(129280, "token ids are in [0, vocab_size) (DeepSeek V3/V4: 129,280)", lo=2)
 
     def check(self, where: str) -> None:
