@@ -253,3 +253,16 @@ def test_docs_name_every_key_and_preset():
             assert f"| `{f.name}` |" in text, (name, f.name)
     for preset in shipped_scenarios():
         assert f"`{preset}`" in text
+
+
+def test_digest_covers_a_gate_map_file(tmp_path):
+    gm = tmp_path / "gm.toml"
+    gm.write_text('name = "mine"\nbase = "incident-fork"\n[gated]\nget_index_k_bf16_buffer = false\n')
+    s = load_scenario("incident", [f"variant.gate_map={gm}"])
+    assert not s.configuration().gate_map.is_gated("get_index_k_bf16_buffer")
+    d1 = s.digest()
+    gm.write_text('name = "mine"\nbase = "incident-fork"\n[gated]\nget_index_k_bf16_buffer = true\n')
+    assert s.digest() != d1
+    with pytest.raises(InputError) as e:
+        load_scenario(42)
+    assert e.value.where == "scenario"

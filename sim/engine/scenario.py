@@ -197,11 +197,16 @@ class Scenario:
         return "\n".join(lines) + "\n"
 
     def digest(self) -> str:
-        """sha256 (hex, 16 digits) of the resolved scenario's canonical JSON, plus the trace's bytes."""
+        """sha256 (hex, 16 digits) of the resolved scenario's canonical JSON, plus the bytes of the
+        files it names (a gate-map or profile TOML path, the trace)."""
         h = hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode())
+        files = [self.variant.gate_map, self.deployment.profile]
         if self.workload.kind == "trace":
-            with open(self.workload.trace, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
+            files.append(self.workload.trace)
+        for path in files:
+            if os.path.isfile(path):            # a named file's bytes, not just its name
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
         return h.hexdigest()[:16]
 
     def summary(self) -> str:
@@ -304,6 +309,8 @@ def _read_doc(name_or_path: str, depth: int = 0) -> dict:
     """The TOML document of a preset or a file, its ``base`` chain merged in (table by table)."""
     if depth > _MAX_BASE_DEPTH:
         raise InputError("base", f"more than {_MAX_BASE_DEPTH} levels of base presets (a cycle?)")
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise InputError("scenario", f"expected a preset name or a scenario TOML path, got {show(name_or_path)}")
     if os.path.isfile(name_or_path):
         try:
             with open(name_or_path, "rb") as f:
@@ -314,7 +321,7 @@ def _read_doc(name_or_path: str, depth: int = 0) -> dict:
         here = os.path.dirname(os.path.abspath(name_or_path))
     else:
         res = resources.files("sim") / "scenarios" / f"{name_or_path}.toml"
-        if not isinstance(name_or_path, str) or not name_or_path or not res.is_file():
+        if not res.is_file():
             raise InputError("scenario", f"no scenario file {name_or_path!r} and no preset of that name; "
                              f"expected a path or one of {shipped_scenarios()}")
         text, where, stem, here = res.read_bytes(), f"scenario {name_or_path}", name_or_path, None
