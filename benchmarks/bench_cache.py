@@ -49,8 +49,16 @@ the profile shows its share.
 ``evict``, ``insert``, ``dec_lock_ref``); "executor ops" are the ops the scheduler host
 issued (stream ops, queries, syncs).  Each size runs in its own process.
 
-Measured (2026-12-01, the project's development machine: 2 cores ``AMD EPYC`` shared with
-other jobs, Python 3.11.7, numpy 2.4.6, simpy 4.1.2): see BENCHMARKS.md, "HiCache model".
+Measured 2026-12-01 on the project's development machine (``lscpu``: ``AMD EPYC``; ``nproc``: 2,
+shared with other jobs; Python 3.11.7, numpy 2.4.6, simpy 4.1.2) with
+
+    python benchmarks/bench_cache.py --sessions 6 20 60 --layers 4 --final-tokens 8000 --profile-biggest
+
+(60 sessions x 8k tokens x 4 layers: 105 s wall, 98 s CPU, 40 cache ops per wall second, peak
+RSS 1.6 GiB).  The full size (60 sessions x 80k tokens x 61 layers) was not run: the cost is
+about 11 CPU us per token-layer moved (loaded + prefilled), so it would take about 4 CPU
+hours, and the recorded schedule alone would outgrow the machine's memory; the table and the
+extrapolation are in BENCHMARKS.md, "HiCache model with the executor attached".
 """
 from __future__ import annotations
 
