@@ -28,7 +28,7 @@ from sim.errors import KvraceError
 from sim.executor import RunResult, run_reference
 from sim.hb import HappensBefore, latent_races
 from sim.memory import Memory, clip_extents
-from sim.schedule import Schedule, validate
+from sim.schedule import DEFAULT_HOST, Schedule, validate
 from sim.transfers.routines import slice_items
 
 
@@ -116,6 +116,8 @@ def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dic
                      "src": op.src, "dst": op.dst,
                      "args": slice_items(op.routine, op.args, a, b) if len(bounds) > 2
                      else _copy.deepcopy(op.args)}
+                if op.host != DEFAULT_HOST:
+                    d["host"] = op.host            # a segment is issued by the copy's host
                 add((op.index, j, 0), d)
                 seg_of[(op.index, a)] = seg_id
                 seg_end[(op.index, b)] = seg_id
@@ -147,6 +149,11 @@ def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dic
         rec = {"id": f"rec_{ev}", "op": "record", "stream": b_stream, "event": ev,
                "note": f"{before_id} before {after_id}"}
         wait = {"id": f"wait_{ev}", "op": "wait", "stream": a_stream, "event": ev}
+        # NOTE: each is issued by the host of the op it sits beside (a schedule with several
+        # hosts declares no default host)
+        for added, beside in ((rec, before_id), (wait, after_id)):
+            if "host" in by_id[beside][1]:
+                added["host"] = by_id[beside][1]["host"]
         # the record goes right after the op it marks, the wait right before the op it holds
         add((before_key[0], before_key[1], len(new_ops)), rec)
         add((after_key[0], after_key[1], -len(new_ops)), wait)
