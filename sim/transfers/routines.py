@@ -220,6 +220,13 @@ def _indices(v: Any, where: str) -> np.ndarray:
         return v.astype(np.int64)
     if not isinstance(v, (list, tuple)):
         raise InputError(where, f"expected a list of integers, got {type(v).__name__}")
+    if all(type(x) is int for x in v):
+        # NOTE: the common case (the cache's index lists) checked in one pass; bools, other
+        # number types and values outside int64 take the loop below, which names the element.
+        try:
+            return np.array(v, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            pass
     for i, x in enumerate(v):
         if not isinstance(x, numbers.Integral) or isinstance(x, bool):
             raise InputError(f"{where}[{i}]", f"expected an integer, got {show(x)}")
