@@ -134,7 +134,31 @@ def _check_pair(host_indices, device_indices) -> tuple[np.ndarray, np.ndarray]:
     return h, d
 
 
-class HostKVCache:
+class _FreeSlots:
+    """SGLang's host free list (``pool_host/base.py``, ``LogicalHostPool``): ``free_slots``, an
+    int64 array; allocations are taken from its front, frees appended to its back."""
+
+    size: int
+
+    def clear(self) -> None:
+        self.free_slots = np.arange(self.size, dtype=np.int64)
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def _take(self, need_size: int) -> Optional[np.ndarray]:
+        if need_size > self.available_size():
+            return None
+        out = self.free_slots[:need_size]
+        self.free_slots = self.free_slots[need_size:]
+        return out
+
+    def _give(self, idx: np.ndarray) -> int:
+        self.free_slots = np.concatenate([self.free_slots, idx])
+        return int(idx.size)
+
+
+class HostKVCache(_FreeSlots):
     """``pool_host/base.py`` ``HostKVCache``: sizing and the host slot free list.
 
     Sizing (exactly as SGLang): with ``host_size > 0`` (GB, 1e9 bytes)
@@ -207,28 +231,16 @@ class HostKVCache:
         return [buffer_decl(n, "host", self._kinds[n], lay, self.device) for n, lay in self.layouts.items()]
 
     # ---- slots
-    def clear(self) -> None:
-        self.free_slots = np.arange(self.size, dtype=np.int64)
-
-    def available_size(self) -> int:
-        return len(self.free_slots)
-
     def alloc(self, need_size: int) -> Optional[np.ndarray]:
         if not isinstance(need_size, numbers.Integral) or need_size < 0:
             raise InputError("need_size", f"expected an integer >= 0, got {show(need_size)}")
         if need_size % self.page_size != 0:
             raise InputError("need_size", f"The requested size should be a multiple of the page size "
                                           f"({self.page_size}), got {need_size}")
-        if need_size > self.available_size():
-            return None
-        out = self.free_slots[:need_size]
-        self.free_slots = self.free_slots[need_size:]
-        return out
+        return self._take(need_size)
 
     def free(self, indices) -> int:
-        idx = _ints(indices, "indices")
-        self.free_slots = np.concatenate([self.free_slots, idx])
-        return len(idx)
+        return self._give(_ints(indices, "indices"))
 
     def _backend(self, io_backend: str) -> str:
         if io_backend not in IO_BACKENDS:
@@ -478,7 +490,7 @@ class DSAIndexerPoolHost(HostKVCache):
 # ----------------------------------------------------------------------------
 # DeepSeek V4
 
-class LogicalHostPool:
+class LogicalHostPool(_FreeSlots):
     """``memory_pool_host.LogicalHostPool``: the V4 group's anchor, slots only,
     no bytes.  ``alloc`` and ``free`` must be page-aligned (InputError where
     SGLang raises ValueError); loads and backups launch nothing."""
@@ -500,29 +512,18 @@ class LogicalHostPool:
     def buffers(self) -> list[dict]:
         return []
 
-    def clear(self) -> None:
-        self.free_slots = np.arange(self.size, dtype=np.int64)
-
-    def available_size(self) -> int:
-        return len(self.free_slots)
-
     def alloc(self, need_size: int) -> Optional[np.ndarray]:
         if need_size % self.page_size != 0:
             raise InputError("need_size", f"LogicalHostPool allocation must be page-aligned, got "
                                           f"need_size={need_size}, page_size={self.page_size}")
-        if need_size > self.available_size():
-            return None
-        out = self.free_slots[:need_size]
-        self.free_slots = self.free_slots[need_size:]
-        return out
+        return self._take(need_size)
 
     def free(self, indices) -> int:
         idx = _ints(indices, "indices")
         if idx.size % self.page_size != 0:
             raise InputError("indices", f"LogicalHostPool free must be page-aligned, got len(indices)="
                                         f"{idx.size}, page_size={self.page_size}")
-        self.free_slots = np.concatenate([self.free_slots, idx])
-        return int(idx.size)
+        return self._give(idx)
 
     def load_to_device_per_layer(self, device_pool, host_indices, device_indices, layer_id, io_backend):
         return []
@@ -613,12 +614,7 @@ class DeepSeekV4PagedHostPool(HostKVCache):
     def alloc(self, need_size: int) -> Optional[np.ndarray]:
         if not isinstance(need_size, numbers.Integral) or need_size < 0:
             raise InputError("need_size", f"expected an integer >= 0, got {show(need_size)}")
-        need = -(-int(need_size) // self.slot_page_size) * self.slot_page_size
-        if need > self.available_size():
-            return None
-        out = self.free_slots[:need]
-        self.free_slots = self.free_slots[need:]
-        return out
+        return self._take(-(-int(need_size) // self.slot_page_size) * self.slot_page_size)
 
     def _to_page_indices(self, indices: np.ndarray) -> np.ndarray:
         return indices.reshape(-1, self.slot_page_size)[:, 0] // self.slot_page_size
