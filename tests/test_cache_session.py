@@ -64,7 +64,7 @@ def cached_then_evicted(s: CacheSession, owner: int = 12, n: int = 16):
     ({"model": "dsa", "page_size": 1}, "config.page_size", "64 for model 'dsa'"),
     ({"device_tokens": 30, "page_size": 4}, "config.device_tokens", "multiple of page_size"),
     ({"layout": "page_head"}, "config.layout", "layer_first"),
-    ({"io_backend": "kernel_ascend"}, "config.io_backend", "'kernel' or 'direct'"),
+    ({"io_backend": "kernel_ascend"}, "config.io_backend", "['kernel', 'direct']"),
     ({"write_policy": "lazy"}, "config.write_policy", "write_back"),
     ({"hicache_ratio": 0}, "config.hicache_ratio", "> 0"),
     ({"layers": True}, "config.layers", "an integer"),

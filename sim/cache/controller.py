@@ -61,13 +61,13 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.errors import InputError, KvraceError, show
+from sim.pools.host import IO_BACKENDS
 
 __all__ = ["CacheOperation", "ControllerError", "EventPoolExhausted", "HiCacheAck", "HiCacheController",
            "HostEvent", "LayerDoneCounter", "LayerLoadingEvent", "ProducerSlotBusy", "SettleRequired",
            "WRITE_POLICIES", "IO_BACKENDS"]
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-IO_BACKENDS = ("kernel", "direct")
 #: ``LayerDoneCounter.num_counters`` ("extra producer and consumer counters for overlap mode")
 NUM_PRODUCER_SLOTS = 3
 #: default number of (start, finish) write-event name pairs a run declares

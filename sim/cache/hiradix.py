@@ -33,6 +33,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from sim.cache.controller import WRITE_POLICIES
 from sim.cache.radix import CacheAssertionError, RadixCache, RadixKey, TreeNode, as_indices
 from sim.cache.records import (
     CacheInitParams,
@@ -46,10 +47,9 @@ from sim.cache.records import (
 )
 from sim.errors import InputError, show
 
-__all__ = ["HiRadixCache", "WRITE_POLICIES"]
+__all__ = ["HiRadixCache"]
 
 #: SGLang's ``--hicache-write-policy`` choices
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 
 
 def _single_rank(count: int) -> int:

@@ -35,13 +35,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.bytes.describe import describe
-from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, HiCacheController
+from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCacheController
 from sim.errors import InputError, KvraceError, check_keys, show
 from sim.executor import Executor, Host, RunResult, TieBreak
 from sim.pools import (
     DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost, PagedTokenToKVPoolAllocator,
     TokenToKVPoolAllocator, resolve_layout_io_compatibility,
 )
+from sim.pools.host import IO_BACKENDS
 from sim.pools.layouts import HOST_LAYOUTS
 from sim.profile import load_profile
 from sim.schedule import ScheduleBuilder
@@ -134,9 +135,8 @@ class SessionConfig:
         need(is_num(self.hicache_ratio) and self.hicache_ratio > 0, "hicache_ratio", "a number > 0")
         need(is_num(self.hicache_size), "hicache_size", "a number >= 0 (GB; 0: use hicache_ratio)")
         need(self.layout in HOST_LAYOUTS, "layout", f"one of {list(HOST_LAYOUTS)}")
-        need(self.io_backend in ("kernel", "direct"), "io_backend", "'kernel' or 'direct'")
-        need(self.write_policy in ("write_through", "write_through_selective", "write_back"), "write_policy",
-             "one of ['write_through', 'write_through_selective', 'write_back']")
+        need(self.io_backend in IO_BACKENDS, "io_backend", f"one of {list(IO_BACKENDS)}")
+        need(self.write_policy in WRITE_POLICIES, "write_policy", f"one of {list(WRITE_POLICIES)}")
         need(is_int(self.load_back_threshold), "load_back_threshold", "an integer >= 0")
         for key in ("overlap", "load_fence", "materialise"):
             need(isinstance(getattr(self, key), bool), key, "true or false")

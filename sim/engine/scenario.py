@@ -46,6 +46,8 @@ from sim.engine.hypotheses import Configuration, apply_hypotheses, configuration
 from sim.engine.models import MODEL_OPTIONS, model, model_names
 from sim.engine.workload import Section, Workload, WorkloadSpec, load_trace, opt
 from sim.errors import InputError, check_keys, show
+from sim.cache.controller import WRITE_POLICIES
+from sim.pools.host import IO_BACKENDS
 from sim.pools.layouts import HOST_LAYOUTS
 from sim.profile import load_profile
 
@@ -134,10 +136,10 @@ class HiCacheSection(Section):
     # is larger than the device pool; ratio >= 1 is the range for which that holds for every size.
     ratio: float = opt(2.0, "host pool size / device pool size (hicache_ratio)", lo=1.0)
     size_gb: int = opt(0, "host pool size per rank in GB (hicache_size; overrides ratio when > 0)", lo=0)
-    io_backend: str = opt("kernel", "hicache_io_backend", choices=("kernel", "direct"))
+    io_backend: str = opt("kernel", "hicache_io_backend", choices=IO_BACKENDS)
     layout: str = opt("page_first", "hicache_mem_layout (the layouts the host pools model)", choices=HOST_LAYOUTS)
     write_policy: str = opt("write_through", "hicache_write_policy",
-                            choices=("write_through", "write_through_selective", "write_back"))
+                            choices=WRITE_POLICIES)
     load_fence: bool = opt(True, "the load stream waits for the forward stream (SGLang PR #36738)")
     load_back_threshold: int = opt(10, "host-hit tokens below which no load-back is made", lo=0)
 
