@@ -1,0 +1,435 @@
+"""The prefill engine, first slice: one rank, one scheduler, HiCache on, byte-level verdicts.
+
+:func:`run_prefill_engine` runs a scenario's workload through one prefill engine built on a
+:class:`~sim.cache.session.CacheSession` (the HiCache model: tree, controller, device and host
+pools, the online executor) and the forward model (:func:`~sim.engine.forward.issue_forward`),
+then analyses the finished run (:func:`sim.verdicts.analyse`) and attributes every corrupted
+read to the requests whose entries hold the differing bytes.
+
+One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, reduced):
+
+1. ``check_hicache_events()``: poll the backup and load acks, unlock, free;
+2. batch formation: waiting requests whose arrival time has come, in arrival order, while the
+   batch's new tokens fit ``scheduler.chunked_prefill_size`` (a request larger than that goes
+   alone: chunked-prefill splitting is NOT modelled in this slice) and the device pool
+   (``evict`` when short); per request: ``match_prefix``, on a host hit ``init_load_back``,
+   ``inc_lock_ref`` of its last node (as SGLang's ``PrefillAdder`` locks it), the new tokens'
+   slots (whole pages: the paged allocator's unit);
+3. ``ready_to_load_host_cache()`` once per batch: the producer slot is the batch's consumer
+   index (-1 when nothing was loaded);
+4. the new tokens' KV written on the forward stream (``store_kv``, no wait: the fallback
+   index-K store and ``set_kv_buffer`` never wait on a layer event and write slots no load
+   touches), then the forward pass (``issue_forward``) with the scenario's gate map, options
+   and cost model; the scheduler waits for the forward stream (``copy_done.synchronize()``);
+5. per request: ``insert`` (page-aligned key; duplicates and the unaligned tail freed),
+   ``dec_lock_ref``, and the request completes in the :class:`WorkloadDriver` at the
+   simulated time (decode is NOT modelled: a request completes at the end of its prefill).
+
+When nothing is admissible the scheduler idles a short host delay (or until the next arrival)
+and polls again.  The run ends when the driver has nothing in flight.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from sim.cache.radix import RadixKey
+from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
+from sim.cache.session import CacheSession
+from sim.engine.cost import CostModel
+from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, issue_forward
+from sim.engine.models import ModelFamily, model as model_family
+from sim.engine.scenario import Scenario, load_scenario
+from sim.engine.workload import Request, Workload, WorkloadDriver, tokens
+from sim.errors import InputError, KvraceError, show
+from sim.executor import run_reference
+from sim.profile import load_profile
+from sim.verdicts import analyse, differing_bytes
+
+__all__ = ["EngineError", "EngineResult", "OwnershipError", "PrefillEngine", "SESSION_MODELS",
+           "reduced_model", "run_prefill_engine"]
+
+#: model family -> the CacheSession model whose device and host pools it has
+SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa"})
+#: host delay (us) of an idle scheduler iteration (nothing admissible: acks pending)
+IDLE_US = 50.0
+#: the device buffer kinds of a CacheSession pool -> the forward model's pool roles
+_ROLE_OF_KIND = MappingProxyType({"kv": "latent", "mla_latent": "latent", "latent": "latent", "index_k": "index_k"})
+
+
+class EngineError(KvraceError, RuntimeError):
+    """The engine cannot go on (a request that can never fit the device pool, a stuck run)."""
+
+
+class OwnershipError(EngineError):
+    """A forward was about to read a slot its request does not own (engine bookkeeping bug)."""
+
+
+@dataclass
+class EngineResult:
+    """The metrics of one run (docs/engine.md, "The prefill engine (first slice)").
+
+    ``requests_corrupted``: requests a read made for them observed bytes other than the
+    happens-before order gives (attributed per request: the differing bytes lie in that
+    request's entries).  ``stale_reads`` / ``torn_reads``: corrupted reads (``analyse``);
+    ``latent_races``: racing (buffer, op pair)s in all; ``latent_races_by_buffer``: per buffer.
+    ``load_backs``: non-empty ``init_load_back`` results (``load_back_tokens`` their tokens);
+    ``backups``: backup operations issued (``start_writing``); ``branches``: per device pool
+    role, per copy routine, the copy ops the controller issued.  ``corrupted_reads`` lists
+    each corrupted read (op id, layer, reader, role, status, waited, consumer index,
+    requests).  ``sim_time_s``: simulated time at the end; ``wall_time_s``: wall time of the
+    run and its analysis."""
+
+    scenario: str
+    seed: int
+    layers: int
+    requests_total: int
+    requests_completed: int
+    requests_corrupted: int
+    corrupted_fraction: float
+    reads_total: int
+    stale_reads: int
+    torn_reads: int
+    latent_races: int
+    latent_races_by_buffer: dict
+    oob_writes: int
+    load_backs: int
+    load_back_tokens: int
+    backups: int
+    batches: int
+    branches: dict
+    sim_time_s: float
+    wall_time_s: float
+    corrupted_reads: list = field(default_factory=list)
+    ownership_checks: int = 0
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def signature(self) -> dict:
+        """Everything but the wall time (what the same seed must reproduce)."""
+        d = self.to_dict()
+        d.pop("wall_time_s")
+        return d
+
+
+def reduced_model(fam: ModelFamily, layers: int | None) -> ModelFamily:
+    """``fam`` with only its first ``layers`` layers (for small runs and tests): layer kinds
+    and every pool's layer list cut there; ``None``: ``fam`` itself."""
+    if layers is None or layers == fam.n_layers:
+        return fam
+    if not isinstance(layers, int) or isinstance(layers, bool) or not 1 <= layers <= fam.n_layers:
+        raise InputError("layers", f"expected an integer in 1..{fam.n_layers} ({fam.name}), got {show(layers)}")
+    pools = {r: dataclasses.replace(p, layers=tuple(x for x in p.layers if x < layers)) for r, p in fam.pools.items()}
+    bf16 = fam.bf16_index_k
+    if bf16 is not None:
+        bf16 = dataclasses.replace(bf16, layers=tuple(x for x in bf16.layers if x < layers))
+    return dataclasses.replace(fam, layer_kinds=fam.layer_kinds[:layers], pools=MappingProxyType(pools),
+                               bf16_index_k=bf16)
+
+
+@dataclass
+class _Admitted:
+    req: Request
+    key: RadixKey
+    prefix: np.ndarray          # device slots of the matched prefix (resident + loaded)
+    loaded: int                 # tokens loaded back for it
+    node: object                # the locked last node
+    new: np.ndarray             # the new tokens' slots (whole pages; the first n_new are used)
+    n_new: int
+
+
+class PrefillEngine:
+    """One prefill engine on one rank (see the module doc).  ``layers``: run only the model's
+    first layers (small runs); ``device_tokens``: device pool size (default the scenario's
+    ``scheduler.max_total_tokens``); ``materialise``: real bytes besides provenance."""
+
+    def __init__(self, scenario: Scenario, seed: int | None = None, *, layers: int | None = None,
+                 device_tokens: int | None = None, materialise: bool = False):
+        if not isinstance(scenario, Scenario):
+            raise InputError("scenario", f"expected a Scenario, got {type(scenario).__name__}")
+        sc = scenario
+        fam = model_family(sc.model.family)
+        if fam.name not in SESSION_MODELS:
+            raise InputError("model.family", f"the prefill engine runs on CacheSession, whose pools cover "
+                             f"{sorted(SESSION_MODELS)}; {fam.name} needs its SWA, C4, C128 and compressor-state "
+                             "device and host pools in CacheSession (not there yet)")
+        if sc.model.index_k_dtype != "fp8":
+            raise InputError("model.index_k_dtype", f"expected 'fp8' for {fam.name}")
+        self.scenario = sc
+        self.seed = sc.run.seed if seed is None else int(seed)
+        self.config = sc.configuration()
+        self.model = reduced_model(fam, layers)
+        self.options = dict(self.config.options)
+        tokens_ = sc.scheduler.max_total_tokens if device_tokens is None else device_tokens
+        self.session = CacheSession(
+            model=SESSION_MODELS[fam.name], layers=self.model.n_layers, page_size=sc.hicache.page_size,
+            device_tokens=tokens_, hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb),
+            layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
+            load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
+            load_fence=self.config.load_fence_stream == "forward", profile=sc.deployment.profile,
+            seed=self.seed, materialise=materialise)
+        s = self.session
+        self.page = s.config.page_size
+        self.cost = CostModel.from_profile(load_profile(sc.deployment.profile), self.seed)
+        self.buffers = {}
+        for name, lay in s.device_pool.layouts.items():
+            role = _ROLE_OF_KIND.get(s.device_pool.kind_of(name))
+            if role is None:
+                raise InputError("model.family", f"device buffer {name!r} of kind {s.device_pool.kind_of(name)!r} "
+                                 "has no pool role in the forward model")
+            self.buffers[role] = (name, lay)
+        self.gate_map = self.config.gate_map
+        self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
+        self.waiting: list[Request] = []
+        self.issues: list[ForwardIssue] = []
+        self.read_rids: dict[str, dict] = {}
+        self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0)
+        self.completed: list[int] = []
+
+    # ---------------------------------------------------------------- one request
+    def _admit(self, req: Request, budget_tokens: int) -> _Admitted | None:
+        """match -> load back -> lock -> allocate; None (nothing held) if it does not fit."""
+        cache, s = self.session.cache, self.session
+        key = RadixKey(tokens(req))
+        m = cache.match_prefix(MatchPrefixParams(key))
+        n_total = len(key)
+        prefix, node = m.device_indices, m.last_device_node
+        # the request needs at least one new token (SGLang re-computes the last token at least)
+        hit = min(len(prefix) + m.host_hit_length, (n_total - 1) // self.page * self.page)
+        n_new_if_loaded = n_total - hit
+        if n_new_if_loaded > budget_tokens:
+            return None
+        loaded = 0
+        if m.host_hit_length > 0 and hit > len(prefix):
+            values, node = cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
+            if len(values):
+                prefix = np.concatenate([prefix, values])
+                loaded = len(values)
+                self.counts["load_backs"] += 1
+                self.counts["load_back_tokens"] += loaded
+        if len(prefix) >= n_total:
+            # NOTE: a full hit still computes the last page (the tree matches whole pages)
+            keep = (n_total - 1) // self.page * self.page
+            prefix = prefix[:keep]
+        cache.inc_lock_ref(node)
+        n_new = n_total - len(prefix)
+        pages = -(-n_new // self.page)
+        new = self._alloc(pages * self.page)
+        if new is None:
+            cache.dec_lock_ref(node)
+            return None
+        return _Admitted(req, key, np.asarray(prefix, np.int64), loaded, node, new, n_new)
+
+    def _alloc(self, need: int):
+        s = self.session
+        slots = s.allocator.alloc(need)
+        if slots is None:
+            s.cache.evict(EvictParams(need - s.allocator.available_size()))
+            slots = s.allocator.alloc(need)
+        return slots
+
+    # ---------------------------------------------------------------- ownership
+    def _check_ownership(self, batch: list[_Admitted]) -> None:
+        """Every slot a request's kernels read is its own: its prefix slots are the values of
+        the locked path from the root to its last node (plus what it loaded back), its new
+        slots are allocated (not free) and no other request of the batch has them."""
+        alloc = self.session.allocator
+        free_pages = set(np.asarray(alloc.free_pages).tolist())
+        free_pages |= set(np.asarray(getattr(alloc, "release_pages", np.zeros(0, np.int64))).tolist())
+        seen_new: set[int] = set()
+        for a in batch:
+            self.counts["ownership_checks"] += 1
+            path, n = [], a.node
+            while n is not None and n.parent is not None:
+                if n.lock_ref <= 0:
+                    raise OwnershipError(f"request {a.req.rid}: node {n.id} on its path is not locked")
+                if n.value is None:
+                    raise OwnershipError(f"request {a.req.rid}: node {n.id} on its path is not on the device")
+                path.append(np.asarray(n.value, np.int64))
+                n = n.parent
+            owned = np.concatenate(path[::-1]) if path else np.zeros(0, np.int64)
+            if not np.array_equal(owned[:len(a.prefix)], a.prefix):
+                raise OwnershipError(f"request {a.req.rid}: prefix slots are not its locked path's values")
+            used = a.new[:a.n_new]
+            pages = set((np.concatenate([a.prefix, used]) // self.page).tolist())
+            if pages & free_pages:
+                raise OwnershipError(f"request {a.req.rid}: reads pages {sorted(pages & free_pages)[:4]} "
+                                     "that are free in the allocator")
+            mine = set(used.tolist())
+            if mine & seen_new:
+                raise OwnershipError(f"request {a.req.rid}: new slots shared with another request of the batch")
+            seen_new |= mine
+
+    # ---------------------------------------------------------------- one iteration
+    def _form_batch(self) -> list[_Admitted]:
+        now = self.session.now
+        cps = self.scenario.scheduler.chunked_prefill_size
+        budget = np.inf if cps == -1 else cps
+        batch: list[_Admitted] = []
+        used = 0
+        rest = []
+        for req in sorted(self.waiting, key=lambda r: (r.arrival_us, r.rid)):
+            if req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests:
+                rest.append(req)
+                continue
+            # NOTE: no chunked prefill: a request bigger than the chunk goes alone in its batch
+            room = budget - used if batch else max(budget, req.input_len)
+            a = self._admit(req, room)
+            if a is None:
+                rest.append(req)
+                continue
+            batch.append(a)
+            used += a.n_new
+        self.waiting = rest
+        return batch
+
+    def _run_batch(self, batch: list[_Admitted]) -> None:
+        s = self.session
+        k = self.counts["batches"]
+        self.counts["batches"] += 1
+        consumer = s.cache.ready_to_load_host_cache()
+        self._check_ownership(batch)
+        for a in batch:
+            s.store_kv(a.new[:a.n_new], owner=a.req.rid, stream="forward", sync=False)
+        reqs = []
+        for a in batch:
+            slots = np.concatenate([a.prefix, a.new[:a.n_new]])
+            reqs.append(BatchRequest(a.req.rid, {"latent": slots, "index_k": slots}, a.n_new, len(slots)))
+        events = s.controller._load_names(consumer, self.model.n_layers) if consumer >= 0 else None
+        fb = ForwardBatch("extend", tuple(reqs), consumer)
+        issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
+                              cost=self.cost, layer_events=events, options=self.options, tag=f"fwd{k}", key=(k,))
+        self.issues.append(issue)
+        for r in issue.reads:
+            self.read_rids[r.op_id] = (r, consumer)
+        s._block(s.host.synchronize(stream="forward"))
+        for a in batch:
+            res = s.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
+            aligned = len(a.key) // self.page * self.page
+            dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
+            tail = a.new[max(0, aligned - len(a.prefix)):]
+            for part in (dup, tail):
+                if len(part):
+                    s.allocator.free(part)
+            s.cache.dec_lock_ref(a.node)
+            self.completed.append(a.req.rid)
+            self.waiting.extend(self.driver.complete(a.req.rid, int(s.now)))
+
+    def run(self, max_iterations: int = 1_000_000) -> EngineResult:
+        t0 = time.perf_counter()
+        s = self.session
+        self.waiting.extend(self.driver.start(0))
+        for _ in range(max_iterations):
+            if self.driver.done:
+                break
+            s.cache.check_hicache_events()
+            batch = self._form_batch()
+            if batch:
+                self._run_batch(batch)
+                continue
+            future = [r.arrival_us for r in self.waiting if r.arrival_us > s.now]
+            ready = [r for r in self.waiting if r.arrival_us <= s.now]
+            if future and not ready:
+                s.advance(max(1.0, min(future) - s.now))
+            elif ready and not s.controller.ack_write_queue and not s.controller.ack_load_queue:
+                r = ready[0]
+                raise EngineError(f"request {r.rid} ({r.input_len} tokens) cannot fit the device pool "
+                                  f"({s.allocator.size_full if hasattr(s.allocator, 'size_full') else '?'} tokens) "
+                                  "even with nothing pending; raise scheduler.max_total_tokens")
+            else:
+                s.advance(IDLE_US)
+        else:
+            raise EngineError(f"the run did not finish in {max_iterations} scheduler iterations")
+        s.wait_idle()
+        s.cache.check_hicache_events()
+        return self._result(time.perf_counter() - t0)
+
+    # ---------------------------------------------------------------- verdicts
+    def _result(self, wall0: float) -> EngineResult:
+        t0 = time.perf_counter()
+        s = self.session
+        run = s.finish()
+        ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)
+        rep = analyse(run, reference=ref, race_limit=None)
+        ref_reads = {r.op_id: r for r in ref.reads}
+        obs_reads = {r.op_id: r for r in run.reads}
+        corrupted_rids: set[int] = set()
+        corrupted = []
+        for entry in rep["reads"]:
+            if entry["status"] not in ("stale", "torn") or entry["op"] not in self.read_rids:
+                continue
+            info, consumer = self.read_rids[entry["op"]]
+            rids = self._requests_hit(info, obs_reads[entry["op"]], ref_reads[entry["op"]])
+            corrupted_rids |= rids
+            corrupted.append({"op": entry["op"], "layer": info.layer, "reader": info.reader, "role": info.role,
+                              "buffer": info.buffer, "status": entry["status"], "waited": info.waited,
+                              "consumer_index": consumer, "requests": sorted(rids)})
+        by_buf: dict[str, int] = {}
+        for race in rep["latent_races"]:
+            by_buf[race["buffer"]] = by_buf.get(race["buffer"], 0) + 1
+        total = self.driver.requests_released
+        return EngineResult(
+            scenario=self.scenario.name, seed=self.seed, layers=self.model.n_layers, requests_total=total,
+            requests_completed=len(self.completed), requests_corrupted=len(corrupted_rids),
+            corrupted_fraction=len(corrupted_rids) / total if total else 0.0, reads_total=rep["reads_total"],
+            stale_reads=rep["stale_reads"], torn_reads=rep["torn_reads"], latent_races=rep["latent_races_total"],
+            latent_races_by_buffer=dict(sorted(by_buf.items())), oob_writes=len(rep["oob_writes"]),
+            load_backs=self.counts["load_backs"], load_back_tokens=self.counts["load_back_tokens"],
+            backups=s.controller._seq["write"], batches=self.counts["batches"], branches=self._branches(run),
+            sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
+            ownership_checks=self.counts["ownership_checks"])
+
+    def _requests_hit(self, info, obs, ref) -> set[int]:
+        """Requests of the read whose entries' bytes hold a differing byte."""
+        bad = []
+        for vo, vr in zip(obs.views, ref.views):
+            d = differing_bytes(vo, vr)
+            if d.any():
+                bad.append(vo.offset + np.flatnonzero(d))
+        if not bad:
+            return set()
+        bad_offs = np.concatenate(bad)
+        lay = self.buffers[info.role][1]
+        out = set()
+        for rid, ent in info.entries.items():
+            for pl in info.pool_layers:
+                offs, lens = lay.token_extents(pl, ent)
+                starts, ends = offs.ravel(), (offs + lens).ravel()
+                order = np.argsort(starts)
+                starts, ends = starts[order], ends[order]
+                k = np.searchsorted(starts, bad_offs, side="right") - 1
+                inside = (k >= 0) & (bad_offs < ends[np.maximum(k, 0)])
+                if inside.any():
+                    out.add(rid)
+                    break
+        return out
+
+    def _branches(self, run) -> dict:
+        """{device pool role: {copy routine: copy ops}} over the copies the run issued."""
+        role_of = {name: role for role, (name, _) in self.buffers.items()}
+        out: dict[str, dict[str, int]] = {}
+        for op in run.schedule.ops:
+            if op.op != "copy":
+                continue
+            role = role_of.get(op.dst) or role_of.get(op.src)
+            if role is None:
+                continue
+            routine = op.routine
+            out.setdefault(role, {}).setdefault(routine, 0)
+            out[role][routine] += 1
+        return {r: dict(sorted(v.items())) for r, v in sorted(out.items())}
+
+
+def run_prefill_engine(scenario, seed: int | None = None, *, overrides=(), layers: int | None = None,
+                       device_tokens: int | None = None, materialise: bool = False) -> EngineResult:
+    """Run ``scenario`` (a :class:`Scenario`, a shipped name or a TOML path, with ``--set``
+    style ``overrides``) through one :class:`PrefillEngine`; ``seed`` overrides ``run.seed``."""
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    if isinstance(scenario, Scenario) and overrides:
+        raise InputError("overrides", "expected no overrides with a Scenario object (apply them when loading)")
+    return PrefillEngine(sc, seed, layers=layers, device_tokens=device_tokens, materialise=materialise).run()
