@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 SHOW_LIMIT = 80     # characters of an echoed value in an error message
+MAX_NAME_CHARS = 256  # a buffer, kind, stream, event, op, layout or field name
 
 
 def show(value, limit: int = SHOW_LIMIT) -> str:

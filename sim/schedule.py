@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from sim.bytes.pattern import MAX_UNIT_BYTES
-from sim.errors import InputError, check_keys, show
+from sim.errors import MAX_NAME_CHARS, InputError, check_keys, show
 from sim.pools.layouts import PagedLayout, layout_from_json
 from sim.transfers.routines import ROUTINES, count_out_of_bounds, plan as plan_copy
 
@@ -90,7 +90,6 @@ MAX_READ_EXTENTS = 1 << 16     # extents (unit rows, token fields, ranges) of al
 MAX_READ_BYTES = 128 << 20     # bytes of all reads together (each read's bytes are kept, twice)
 MAX_OUT_OF_BOUNDS = 1 << 14    # copy extent sides outside their buffer (the report lists each one)
 MAX_DURATION_US = 1e9          # one compute or host_delay: 1,000 s
-MAX_NAME_CHARS = 256           # a buffer, kind, stream, event or op name
 MAX_DEVICE = 1023              # device ordinals
 OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay", "host_query",
             "barrier")

@@ -43,7 +43,7 @@ from sim.pools import (
     TokenToKVPoolAllocator, resolve_layout_io_compatibility,
 )
 from sim.pools.host import IO_BACKENDS
-from sim.pools.layouts import HOST_LAYOUTS
+from sim.pools.layouts import DSA_PAGE_SIZE, HOST_LAYOUTS
 from sim.profile import load_profile
 from sim.schedule import ScheduleBuilder
 
@@ -55,7 +55,6 @@ MODELS = ("mla", "dsa")
 #: the controller's load and write streams
 STREAMS = ("schedule", "forward", "load", "write")
 HOST = "scheduler"
-DSA_PAGE_SIZE = 64
 
 
 class SessionClosed(KvraceError, RuntimeError):

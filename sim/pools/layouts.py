@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping, Union
 
 import numpy as np
 
-from sim.errors import InputError, check_keys, show
+from sim.errors import MAX_NAME_CHARS, InputError, check_keys, show
 
 HOST_LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 
@@ -46,7 +46,6 @@ def _is_int(v: Any) -> bool:
 
 
 MAX_LAYOUT_INT = 1 << 62     # every integer of a layout (sizes multiply into int64 offsets)
-MAX_NAME_CHARS = 256        # a layout or field name
 
 
 def _req_int(v: Any, where: str, *, minimum: int = 1) -> int:

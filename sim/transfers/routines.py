@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from sim.errors import InputError, check_keys, show
-from sim.pools.layouts import HostLayout, PagedLayout
+from sim.pools.layouts import DSA_PAGE_SIZE, HostLayout, PagedLayout
 
 # sgl-kernel transfer_kv_launcher defaults (CUDA): block_quota=2, 32 warps/block
 BLOCK_QUOTA = 2
@@ -59,7 +59,6 @@ DSV4_SCALE_OFFSET = DSV4_VALUE_BYTES * DSV4_PAGE_SIZE
 #: lanes x 8 B), the 64 B value tail and the 8 B scale, then stores them.
 DSV4_CHUNK_BYTES = DSV4_VALUE_BYTES + DSV4_SCALE_BYTES
 
-DSA_PAGE_SIZE = 64  # forced on CUDA for DSA (server_args)
 #: HiCacheStagedWriteBackKernel: ``RuntimeCheck(kElementSize % 16 == 0, ...)``
 STAGED_ITEM_ALIGN = 16
 DSA_INDEXER_PAGE_ERROR = "Index buffer transfer expects page-aligned indices for DSA."
