@@ -58,7 +58,7 @@ SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa"})
 #: host delay (us) of an idle scheduler iteration (nothing admissible: acks pending)
 IDLE_US = 50.0
 #: the device buffer kinds of a CacheSession pool -> the forward model's pool roles
-_ROLE_OF_KIND = MappingProxyType({"kv": "latent", "mla_latent": "latent", "latent": "latent", "index_k": "index_k"})
+_ROLE_OF_KIND = MappingProxyType({"kv": "latent", "index_k": "index_k"})
 
 
 class EngineError(KvraceError, RuntimeError):
@@ -193,29 +193,27 @@ class PrefillEngine:
 
     # ---------------------------------------------------------------- one request
     def _admit(self, req: Request, budget_tokens: int) -> _Admitted | None:
-        """match -> load back -> lock -> allocate; None (nothing held) if it does not fit."""
-        cache, s = self.session.cache, self.session
-        key = RadixKey(tokens(req))
-        m = cache.match_prefix(MatchPrefixParams(key))
+        """match -> load back -> lock -> allocate; None when it does not fit (the request then
+        holds nothing: a load-back already queued stays with the tree, locked by ``load_back``
+        until its ack, and goes out with the next batch's ``start_loading``)."""
+        cache = self.session.cache
+        ids = tokens(req)
+        key = RadixKey(ids)
         n_total = len(key)
+        # NOTE: as SGLang's Req.init_next_round_input, the match runs on all but the last token
+        # (at least one token is computed, for its logits); the tree matches whole pages
+        m = cache.match_prefix(MatchPrefixParams(RadixKey(ids[:n_total - 1])))
         prefix, node = m.device_indices, m.last_device_node
-        # the request needs at least one new token (SGLang re-computes the last token at least)
-        hit = min(len(prefix) + m.host_hit_length, (n_total - 1) // self.page * self.page)
-        n_new_if_loaded = n_total - hit
-        if n_new_if_loaded > budget_tokens:
+        if n_total - len(prefix) - m.host_hit_length > budget_tokens:
             return None
         loaded = 0
-        if m.host_hit_length > 0 and hit > len(prefix):
+        if m.host_hit_length > 0:
             values, node = cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
             if len(values):
                 prefix = np.concatenate([prefix, values])
                 loaded = len(values)
                 self.counts["load_backs"] += 1
                 self.counts["load_back_tokens"] += loaded
-        if len(prefix) >= n_total:
-            # NOTE: a full hit still computes the last page (the tree matches whole pages)
-            keep = (n_total - 1) // self.page * self.page
-            prefix = prefix[:keep]
         cache.inc_lock_ref(node)
         n_new = n_total - len(prefix)
         pages = -(-n_new // self.page)
