@@ -118,6 +118,18 @@ def test_refuses_v4_flash_naming_what_is_missing():
     assert "CacheSession" in str(ei.value) and "deepseek-v4-flash" in str(ei.value)
 
 
+@pytest.mark.parametrize("hyp", ["host-freed-during-load", "index-k-not-backed-up", "index-k-stride-mismatch"])
+def test_refuses_controller_switches_it_cannot_honour(hyp):
+    with pytest.raises(InputError, match="variant.hypotheses.*does not take that controller switch"):
+        small("upstream-0.5.11", f"variant.hypotheses={hyp}")
+
+
+def test_load_unfenced_is_honoured():
+    e = small("upstream-0.5.11", 'variant.hypotheses=load-unfenced')
+    assert e.session.controller.load_fence_stream is None
+    assert small("upstream-0.5.11").session.controller.load_fence_stream == "forward"
+
+
 def test_reduced_model_cuts_layers_and_pools():
     fam = reduced_model(model("dsa-v3.2"), 3)
     assert fam.n_layers == 3 and all(p.layers == (0, 1, 2) for p in fam.pools.values())

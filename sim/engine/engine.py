@@ -41,6 +41,7 @@ from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import CacheSession
 from sim.engine.cost import CostModel
+from sim.engine.hypotheses import CONTROLLER_KEYS
 from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, issue_forward
 from sim.engine.models import ModelFamily, model as model_family
 from sim.engine.scenario import Scenario, load_scenario
@@ -55,6 +56,9 @@ __all__ = ["EngineError", "EngineResult", "OwnershipError", "PrefillEngine", "SE
 
 #: model family -> the CacheSession model whose device and host pools it has
 SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa"})
+#: controller switches of the hypotheses that CacheSession does not take yet: refused, not ignored
+_UNSUPPORTED_SWITCHES = ("index_k_partial_pages", "index_k_host_bytes_per_entry", "host_lock_during_load",
+                         "backup_pools")
 #: host delay (us) of an idle scheduler iteration (nothing admissible: acks pending)
 IDLE_US = 50.0
 #: the device buffer kinds of a CacheSession pool -> the forward model's pool roles
@@ -163,6 +167,12 @@ class PrefillEngine:
         self.scenario = sc
         self.seed = sc.run.seed if seed is None else int(seed)
         self.config = sc.configuration()
+        for f in _UNSUPPORTED_SWITCHES:
+            default = CONTROLLER_KEYS[f][1] if f != "backup_pools" else frozenset(fam.pools)
+            if getattr(self.config, f) != default:
+                raise InputError("variant.hypotheses", f"{list(self.config.hypotheses)} set {f} = "
+                                 f"{show(getattr(self.config, f))}; the prefill engine's CacheSession does not take "
+                                 f"that controller switch yet (only {show(default)}), so it would run unchanged")
         self.model = reduced_model(fam, layers)
         self.options = dict(self.config.options)
         tokens_ = sc.scheduler.max_total_tokens if device_tokens is None else device_tokens
