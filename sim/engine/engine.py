@@ -203,9 +203,8 @@ class PrefillEngine:
 
     # ---------------------------------------------------------------- one request
     def _admit(self, req: Request, budget_tokens: int) -> _Admitted | None:
-        """match -> load back -> lock -> allocate; None when it does not fit (the request then
-        holds nothing: a load-back already queued stays with the tree, locked by ``load_back``
-        until its ack, and goes out with the next batch's ``start_loading``)."""
+        """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
+        it does not fit the chunk budget or the device pool now."""
         cache = self.session.cache
         ids = tokens(req)
         key = RadixKey(ids)
@@ -216,6 +215,17 @@ class PrefillEngine:
         prefix, node = m.device_indices, m.last_device_node
         if n_total - len(prefix) - m.host_hit_length > budget_tokens:
             return None
+        # NOTE: room for the load-back and the new tokens is made (evicting) BEFORE the
+        # load-back, as PrefillAdder checks its token budget before init_load_back: a load
+        # queued for a request that then cannot run would hold device slots for nobody
+        # NOTE: PrefillAdder holds a lock on the matched device node (``_lock_node``) around
+        # the load-back and its own ``inc_lock_ref``, so the eviction they may cause never
+        # takes the prefix just matched
+        held = node
+        cache.inc_lock_ref(held)
+        if not self._ensure(-(-(n_total - len(prefix)) // self.page) * self.page):
+            cache.dec_lock_ref(held)
+            return None
         loaded = 0
         if m.host_hit_length > 0:
             values, node = cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
@@ -225,21 +235,25 @@ class PrefillEngine:
                 self.counts["load_backs"] += 1
                 self.counts["load_back_tokens"] += loaded
         cache.inc_lock_ref(node)
+        cache.dec_lock_ref(held)
         n_new = n_total - len(prefix)
         pages = -(-n_new // self.page)
         new = self._alloc(pages * self.page)
         if new is None:
-            cache.dec_lock_ref(node)
-            return None
+            raise EngineError(f"request {req.rid}: {pages * self.page} device tokens were free before its "
+                              f"load-back and are not now ({self.session.allocator.available_size()} free)")
         return _Admitted(req, key, np.asarray(prefix, np.int64), loaded, node, new, n_new)
 
-    def _alloc(self, need: int):
+    def _ensure(self, need: int) -> bool:
+        """At least ``need`` free device tokens, evicting the shortfall; False if eviction
+        cannot free them now (locked nodes, backups still in flight)."""
         s = self.session
-        slots = s.allocator.alloc(need)
-        if slots is None:
+        if s.allocator.available_size() < need:
             s.cache.evict(EvictParams(need - s.allocator.available_size()))
-            slots = s.allocator.alloc(need)
-        return slots
+        return s.allocator.available_size() >= need
+
+    def _alloc(self, need: int):
+        return self.session.allocator.alloc(need) if self._ensure(need) else None
 
     # ---------------------------------------------------------------- ownership
     def _check_ownership(self, batch: list[_Admitted]) -> None:
