@@ -89,6 +89,25 @@ def test_ownership_check_catches_a_freed_slot(monkeypatch):
         e.run()
 
 
+def test_ownership_check_catches_a_slot_of_the_tree(monkeypatch):
+    e = small("upstream-0.5.11")
+    orig = PrefillEngine._check_ownership
+
+    def broken(self, batch):
+        for a in batch:
+            stack = [self.session.tree.root_node]
+            while stack:
+                n = stack.pop()
+                if n.value is not None and n.parent is not None and len(n.value):
+                    a.new[0] = n.value[0]      # a bookkeeping bug: a cached slot handed out as new
+                    return orig(self, batch)
+                stack.extend(n.children.values())
+        return orig(self, batch)
+    monkeypatch.setattr(PrefillEngine, "_check_ownership", broken)
+    with pytest.raises(OwnershipError, match="hold a tree node's KV"):
+        e.run()
+
+
 def test_same_seed_same_result(r510):
     assert small("upstream-0.5.10").run().signature() == r510.signature()
 

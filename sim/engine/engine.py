@@ -259,10 +259,18 @@ class PrefillEngine:
     def _check_ownership(self, batch: list[_Admitted]) -> None:
         """Every slot a request's kernels read is its own: its prefix slots are the values of
         the locked path from the root to its last node (plus what it loaded back), its new
-        slots are allocated (not free) and no other request of the batch has them."""
+        slots are allocated (not free), hold no tree node's KV, and no other request of the
+        batch has them."""
         alloc = self.session.allocator
         free_pages = set(np.asarray(alloc.free_pages).tolist())
         free_pages |= set(np.asarray(getattr(alloc, "release_pages", np.zeros(0, np.int64))).tolist())
+        in_tree: set[int] = set()
+        stack = [self.session.tree.root_node]
+        while stack:
+            n = stack.pop()
+            if n.value is not None and n.parent is not None:
+                in_tree.update(np.asarray(n.value, np.int64).tolist())
+            stack.extend(n.children.values())
         seen_new: set[int] = set()
         for a in batch:
             self.counts["ownership_checks"] += 1
@@ -283,6 +291,9 @@ class PrefillEngine:
                 raise OwnershipError(f"request {a.req.rid}: reads pages {sorted(pages & free_pages)[:4]} "
                                      "that are free in the allocator")
             mine = set(used.tolist())
+            if mine & in_tree:
+                raise OwnershipError(f"request {a.req.rid}: new slots {sorted(mine & in_tree)[:4]} hold a tree "
+                                     "node's KV")
             if mine & seen_new:
                 raise OwnershipError(f"request {a.req.rid}: new slots shared with another request of the batch")
             seen_new |= mine
