@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sim.engine import EngineResult, PrefillEngine, reduced_model, run_prefill_engine
-from sim.engine.engine import OwnershipError
+from sim.engine.engine import EngineError, OwnershipError
 from sim.engine.models import model
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
@@ -175,3 +175,9 @@ def test_bigger_run_0510_vs_0511(seed):
     assert all(c["role"] == "index_k" and not c["waited"] for c in bad.corrupted_reads)
     assert good.requests_corrupted == 0 and good.latent_races == 0
     assert np.isclose(bad.corrupted_fraction, bad.requests_corrupted / bad.requests_total)
+
+
+def test_a_request_larger_than_the_device_pool_is_an_error():
+    sc = load_scenario("glm5-22811", SMALL)
+    with pytest.raises(EngineError, match="cannot fit the device pool"):
+        PrefillEngine(sc, 0, layers=LAYERS, device_tokens=256).run()

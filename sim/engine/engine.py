@@ -197,7 +197,7 @@ class PrefillEngine:
         self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
         self.waiting: list[Request] = []
         self.issues: list[ForwardIssue] = []
-        self.read_rids: dict[str, dict] = {}
+        self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer index)
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0)
         self.completed: list[int] = []
 
@@ -372,7 +372,7 @@ class PrefillEngine:
             elif ready and not s.controller.ack_write_queue and not s.controller.ack_load_queue:
                 r = ready[0]
                 raise EngineError(f"request {r.rid} ({r.input_len} tokens) cannot fit the device pool "
-                                  f"({s.allocator.size_full if hasattr(s.allocator, 'size_full') else '?'} tokens) "
+                                  f"({s.allocator.size_full} tokens) "
                                   "even with nothing pending; raise scheduler.max_total_tokens")
             else:
                 s.advance(IDLE_US)
