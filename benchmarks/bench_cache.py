@@ -205,9 +205,9 @@ class Bench:
         c["stalls"] += max(0, waited - 1)
         c["prefill_tokens"] += need
         self.forward(slots, rid, producer)
-        writes_before = s.controller._seq["write"]
+        writes_before = s.controller.writes_started
         res = self._op(cache.insert, InsertParams(key, np.concatenate([prefix, slots])))
-        c["backups"] += s.controller._seq["write"] - writes_before
+        c["backups"] += s.controller.writes_started - writes_before
         if res.prefix_len > len(prefix):
             s.allocator.free(slots[:res.prefix_len - len(prefix)])
         self._op(cache.dec_lock_ref, node)

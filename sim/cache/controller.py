@@ -347,6 +347,21 @@ class HiCacheController:
     def _load_start_name_of(name: str, slot: int) -> str:
         return f"{name}.load{slot}.start"
 
+    @property
+    def loads_started(self) -> int:
+        """How many merged loads ``start_loading`` has issued in this run."""
+        return self._seq["load"]
+
+    @property
+    def writes_started(self) -> int:
+        """How many backups ``start_writing`` has issued in this run."""
+        return self._seq["write"]
+
+    def layer_event_names(self, slot: int) -> list[str]:
+        """The per-layer load event names of producer ``slot`` (what a gated reader of a batch
+        with consumer index ``slot`` waits on)."""
+        return [e.name for e in self.layer_done_counter.events[slot].load_events]
+
     @staticmethod
     def _load_names_of(name: str, slot: int, layer_num: int) -> list[str]:
         return [f"{name}.load{slot}.L{i}" for i in range(layer_num)]

@@ -333,7 +333,7 @@ class PrefillEngine:
         for a in batch:
             slots = np.concatenate([a.prefix, a.new[:a.n_new]])
             reqs.append(BatchRequest(a.req.rid, {"latent": slots, "index_k": slots}, a.n_new, len(slots)))
-        events = s.controller._load_names(consumer, self.model.n_layers) if consumer >= 0 else None
+        events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
         fb = ForwardBatch("extend", tuple(reqs), consumer)
         issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
                               cost=self.cost, layer_events=events, options=self.options, tag=f"fwd{k}", key=(k,))
@@ -413,7 +413,7 @@ class PrefillEngine:
             stale_reads=rep["stale_reads"], torn_reads=rep["torn_reads"], latent_races=rep["latent_races_total"],
             latent_races_by_buffer=dict(sorted(by_buf.items())), oob_writes=len(rep["oob_writes"]),
             load_backs=self.counts["load_backs"], load_back_tokens=self.counts["load_back_tokens"],
-            backups=s.controller._seq["write"], batches=self.counts["batches"], branches=self._branches(run),
+            backups=s.controller.writes_started, batches=self.counts["batches"], branches=self._branches(run),
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
             ownership_checks=self.counts["ownership_checks"])
 
