@@ -197,6 +197,24 @@ class Host:
         """Simulated time in microseconds."""
         return self._ex.env.now
 
+    @property
+    def profile(self) -> Profile:
+        """The run's hardware profile."""
+        return self._ex.p
+
+    def unfinished(self) -> list:
+        """The stream ops issued and not completed, stream by stream: each stream's running op,
+        then its queue (a stream is FIFO, so these are exactly its unfinished ops).  Looking
+        issues nothing and records nothing (the host program's own view of what it issued)."""
+        ex = self._ex
+        out = []
+        for stream, queue in ex.queues.items():
+            running = ex._running.get(stream)
+            if running is not None:
+                out.append(running)
+            out.extend(queue.items)
+        return out
+
     def issue(self, op: dict) -> str:
         """Issue a stream op (copy, read, write, compute, record, wait); returns its id."""
         return self._issue_dict(op, stream_op=True).id

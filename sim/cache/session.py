@@ -286,6 +286,13 @@ class CacheSession:
         self.settle()
         self._block(self.host.delay(us))
 
+    def synchronize(self, *, event: str | None = None, stream: str | None = None) -> None:
+        """The scheduler blocks until ``event``'s record or every op issued so far on
+        ``stream`` has completed (a recorded ``host_sync``; neither given: :meth:`wait_idle`)."""
+        self._open()
+        self.settle()
+        self._block(self.host.synchronize(event=event, stream=stream))
+
     def wait_idle(self) -> None:
         """Device synchronize: block until every op issued so far has completed."""
         self._open()

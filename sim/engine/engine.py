@@ -340,7 +340,7 @@ class PrefillEngine:
         self.issues.append(issue)
         for r in issue.reads:
             self.read_rids[r.op_id] = (r, consumer)
-        s._block(s.host.synchronize(stream="forward"))
+        s.synchronize(stream="forward")
         for a in batch:
             res = s.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
             aligned = len(a.key) // self.page * self.page

@@ -159,17 +159,10 @@ def copies_in_flight(host, buffers: Sequence[str]) -> list[str]:
     """Ids of copies issued so far (on any host and stream) that write one of ``buffers``
     and have not completed: each stream's running op and its queue (a stream is FIFO, so
     these are exactly its unfinished ops)."""
-    # NOTE: reads the executor's per-stream queues (Host has no public view of them); the cost
-    # is the number of unfinished stream ops, so the engine may call it before every forward.
-    ex = host._ex
+    # NOTE: the cost is the number of unfinished stream ops, so the engine may call it before
+    # every forward.
     names = set(buffers)
-    out = []
-    for stream, queue in ex.queues.items():
-        running = ex._running.get(stream)
-        for op in ([running] if running is not None else []) + list(queue.items):
-            if op.op == "copy" and op.dst in names:
-                out.append(op.id)
-    return out
+    return [op.id for op in host.unfinished() if op.op == "copy" and op.dst in names]
 
 
 def can_advance_in_one_step(host, batch: ForwardBatch, buffers: Mapping[str, tuple[str, PagedLayout]]) -> bool:
@@ -313,7 +306,7 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
         # launches of the per-layer reads merged away are added to the compute, so the forward ends
         # at the same time in both modes (launch skew, when the profile has one, is not replayed)
         merged = sum(len(p) for p in per_role.values()) - len(per_role)
-        compute(f"{tag}.compute", -1, total, merged * host._ex.p.kernel_launch_us)
+        compute(f"{tag}.compute", -1, total, merged * host.profile.kernel_launch_us)
         return out
 
     for layer, (steps, ffn) in enumerate(plan):
