@@ -13,12 +13,12 @@ window's start. ``kvrace schedule run`` reports the same stale bytes, and
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from sim.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
+from sim.report_io import regenerate
 from sim.window import cut_window
 
 OUT = Path(__file__).with_name("engine_22811_window.json")
@@ -45,16 +45,7 @@ def build() -> tuple[dict, dict]:
 
 
 def main(argv: list[str]) -> int:
-    doc, _ = build()
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({len(doc['ops'])} ops)")
-    return 0
+    return regenerate(build()[0], OUT, Path(__file__).name, "--check" in argv)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ buffer byte on a GPU.
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import numpy as np
 from sim.cache import CacheSession
 from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
+from sim.report_io import regenerate
 
 OUT = Path(__file__).with_name("hicache_load_back_session.json")
 
@@ -62,15 +62,7 @@ def build() -> dict:
 
 
 def main(argv: list[str]) -> int:
-    text = json.dumps(build(), indent=1, sort_keys=True) + "\n"
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT}")
-    return 0
+    return regenerate(build(), OUT, Path(__file__).name, "--check" in argv)
 
 
 if __name__ == "__main__":

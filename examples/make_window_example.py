@@ -21,12 +21,12 @@ and written out. ``kvrace schedule run`` and ``kvrace replay --mode controlled``
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from sim.executor import run_programs
 from sim.profile import load_profile
+from sim.report_io import regenerate
 from sim.verdicts import analyse
 from sim.window import cut_window
 
@@ -125,16 +125,7 @@ def build() -> tuple[dict, dict]:
 
 
 def main(argv: list[str]) -> int:
-    doc, _ = build()
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run python {Path(__file__).name}", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(f"wrote {OUT} ({len(doc['ops'])} ops)")
-    return 0
+    return regenerate(build()[0], OUT, Path(__file__).name, "--check" in argv)
 
 
 if __name__ == "__main__":

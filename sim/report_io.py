@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 from sim.errors import InputError
 
@@ -39,3 +41,18 @@ def emit(rep: dict, json_path: str | None, text, default=None) -> None:
         write_json(rep, json_path, default)
     if json_path != "-":
         print(text(rep))
+
+
+def regenerate(doc: dict, path: Path, script: str, check: bool) -> int:
+    """Write a generated schedule ``doc`` to ``path`` (sorted keys, one-space indent), or with
+    ``check`` only say whether the committed file is what ``script`` makes today (0 yes, 1 no):
+    how the generated files under ``examples/`` stay current."""
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    if check:
+        if not path.exists() or path.read_text() != text:
+            print(f"{path} is out of date: run python {script}", file=sys.stderr)
+            return 1
+        return 0
+    path.write_text(text)
+    print(f"wrote {path} ({len(doc['ops'])} ops)")
+    return 0
