@@ -898,7 +898,7 @@ class _DigestStream:
     document is hashed as it is built (its text up to the ops list, each op as
     added, then the rest)."""
 
-    _MARK = "kvrace-ops-placeholder"
+    _MARK = "kvrace-ops-go-here"   # a sentinel string where the ops list is cut out
 
     def __init__(self, builder: "ScheduleBuilder"):
         doc = {k: v for k, v in builder.doc.items() if k != "ops"}

@@ -179,7 +179,8 @@ class ModelFamily:
 
     def layer_steps(self, layer: int, mode: str, options: Mapping[str, str]) -> tuple[Step, ...]:
         """The steps of model layer ``layer`` for a ``mode`` batch, in the model's order;
-        the compressed-pool placeholder role ``compressed`` is resolved to the layer's pool."""
+        a step's generic role ``compressed`` names the layer kind's own compressed pool (C4 or
+        C128), given by ``compressed_role``."""
         require(mode in ("extend", "decode"), "batch.mode", f"expected 'extend' or 'decode', got {show(mode)}")
         kind = self.layer_kinds[layer]
         out = []

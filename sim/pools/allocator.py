@@ -26,6 +26,7 @@ without a copy, as SGLang does.
 """
 from __future__ import annotations
 
+import abc
 import numbers
 from typing import Any
 
@@ -74,7 +75,7 @@ def get_num_new_pages(seq_lens, page_size: int, prefix_lens=None, decode: bool =
     return int(np.sum((seq + page_size - 1) // page_size - (pre + page_size - 1) // page_size))
 
 
-class BaseTokenToKVPoolAllocator:
+class BaseTokenToKVPoolAllocator(abc.ABC):
     """Shared state of SGLang's device allocators (``allocator/base.py``).
 
     ``free_pages`` / ``release_pages`` hold PAGE ids (token ids when
@@ -132,14 +133,17 @@ class BaseTokenToKVPoolAllocator:
     def alloc_decode(self, *args, **kwargs):
         raise InputError("allocator", "alloc_decode is only for paged allocator")
 
-    def clear(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def clear(self) -> None:
+        """Every slot free again (slot/page 0 stays padding)."""
 
-    def alloc(self, need_size: int):  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def alloc(self, need_size: int):
+        """``need_size`` slots in SGLang's order, or None when too few are free."""
 
-    def free(self, free_index) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def free(self, free_index) -> None:
+        """Give slots back (deferred while a free group is open)."""
 
 
 class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):

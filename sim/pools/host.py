@@ -22,6 +22,7 @@ modules load (``can_use_hicache_jit_kernel`` iff element_size % 128 == 0,
 """
 from __future__ import annotations
 
+import abc
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -158,7 +159,7 @@ class _FreeSlots:
         return int(idx.size)
 
 
-class HostKVCache(_FreeSlots):
+class HostKVCache(_FreeSlots, abc.ABC):
     """``pool_host/base.py`` ``HostKVCache``: sizing and the host slot free list.
 
     Sizing (exactly as SGLang): with ``host_size > 0`` (GB, 1e9 bytes)
@@ -214,11 +215,13 @@ class HostKVCache(_FreeSlots):
         self.clear()
 
     # ---- geometry hooks
-    def get_size_per_token(self) -> int:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def get_size_per_token(self) -> int:
+        """Host bytes of one token (all layers), as SGLang sizes the pool."""
 
-    def init_kv_buffer(self) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def init_kv_buffer(self) -> None:
+        """Declare this pool's host buffers and their layouts (``_add``)."""
 
     def _add(self, attr: str, kind: str, layout: HostLayout) -> str:
         name = f"{self.prefix}{attr}"
@@ -597,11 +600,7 @@ class DeepSeekV4PagedHostPool(HostKVCache):
                 raise InputError("host_memory_available",
                                  f"Not enough host memory for V4 paged pool {pool_name}")
         self.layouts, self._kinds = {}, {}
-        shape = "layer_first" if layout == "layer_first" else "page_first"
-        self.kv_layout = host_mirror(self.device_layout, shape, units=self.num_host_pages, page_size=1,
-                                     name=f"host_{self.device_layout.name}")
-        self.kv_buffer = self._add(f"{pool_name}_kv_buffer", device_pool.kind_of(self.device_buffer),
-                                   self.kv_layout)
+        self.init_kv_buffer()
         self.can_use_jit = False
         self.can_use_write_back_jit = (layout == "page_first" and can_use_write_back_jit_kernel(self.item_bytes))
         self.staging_page_capacity = (min(self.num_host_pages, WRITE_BACK_STAGING_PAGE_CHUNK)
@@ -610,6 +609,13 @@ class DeepSeekV4PagedHostPool(HostKVCache):
 
     def get_size_per_token(self) -> int:
         return self.item_bytes
+
+    def init_kv_buffer(self) -> None:
+        shape = "layer_first" if self.layout == "layer_first" else "page_first"
+        self.kv_layout = host_mirror(self.device_layout, shape, units=self.num_host_pages, page_size=1,
+                                     name=f"host_{self.device_layout.name}")
+        self.kv_buffer = self._add(f"{self.pool_name}_kv_buffer", self.device_pool.kind_of(self.device_buffer),
+                                   self.kv_layout)
 
     def alloc(self, need_size: int) -> Optional[np.ndarray]:
         if not isinstance(need_size, numbers.Integral) or need_size < 0:
