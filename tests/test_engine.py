@@ -1,6 +1,6 @@
 """The prefill engine (first slice): PR #22811's race end to end on the HiCache model.
 
-Tiny runs of the ``glm5-22811`` preset (2 DSA layers, a few short multi-turn sessions, a device
+Tiny runs of the ``glm5-22811-small`` preset (2 DSA layers, a few short multi-turn sessions, a device
 pool small enough that later turns load their prefix back from the host)."""
 from __future__ import annotations
 
@@ -13,16 +13,11 @@ from sim.engine.models import model
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
 
-SMALL = ["workload.concurrency=4", "workload.sessions=6", "workload.max_turns=4", "workload.first_turn_tokens=512",
-         "workload.user_tokens_min=128", "workload.user_tokens_max=384", "workload.output_tokens_min=64",
-         "workload.output_tokens_max=128", "workload.max_context_tokens=4096", "workload.think_time_s=0.0",
-         "workload.system_prompt_tokens=128", "scheduler.max_total_tokens=3072",
-         "scheduler.chunked_prefill_size=2048"]
 LAYERS = 2
 
 
 def small(gate_map: str, *extra: str, seed: int = 0, layers: int = LAYERS) -> PrefillEngine:
-    sc = load_scenario("glm5-22811", SMALL + [f"variant.gate_map={gate_map}", *extra])
+    sc = load_scenario("glm5-22811-small", [f"variant.gate_map={gate_map}", *extra])
     return PrefillEngine(sc, seed, layers=layers)
 
 
@@ -158,7 +153,7 @@ def test_reduced_model_cuts_layers_and_pools():
 
 
 def test_run_prefill_engine_by_name_matches_engine(r510):
-    r = run_prefill_engine("glm5-22811", 0, overrides=SMALL + ["variant.gate_map=upstream-0.5.10"], layers=LAYERS)
+    r = run_prefill_engine("glm5-22811-small", 0, overrides=["variant.gate_map=upstream-0.5.10"], layers=LAYERS)
     assert r.signature() == r510.signature()
 
 
@@ -178,6 +173,6 @@ def test_bigger_run_0510_vs_0511(seed):
 
 
 def test_a_request_larger_than_the_device_pool_is_an_error():
-    sc = load_scenario("glm5-22811", SMALL)
+    sc = load_scenario("glm5-22811-small")
     with pytest.raises(EngineError, match="cannot fit the device pool"):
         PrefillEngine(sc, 0, layers=LAYERS, device_tokens=256).run()
