@@ -1,4 +1,4 @@
-"""``kvrace sweep``, ``kvrace plot`` and ``schedule run --trace``: the command-line side of
+"""``kvrace sweep``, ``kvrace plot`` (sweep, timeline, signatures) and ``--trace``: the command-line side of
 ``sim.sweeps``, ``sim.plots`` and ``sim.trace`` (registered by ``kvrace/cli.py``).
 
 The progress bar is written here, with the standard library only (no tqdm or rich: the base
@@ -209,6 +209,24 @@ def _plot_timeline(args) -> int:
     return 0
 
 
+def _plot_signatures(args) -> int:
+    import json
+
+    from sim.plots import signature_heatmap
+
+    base = args.out or os.path.splitext(args.file)[0] + "_heatmap"
+    check_output_path(base if base.endswith((".png", ".svg")) else base + ".png", "--out")
+    try:
+        with open(args.file) as f:
+            table = json.load(f)
+    except FileNotFoundError:
+        raise InputError(args.file, "no such file; expected a signature table (kvrace signatures --json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(args.file, f"cannot read it as JSON ({e})") from None
+    print(f"wrote {' and '.join(signature_heatmap(table, base))}")
+    return 0
+
+
 # ---------------------------------------------------------------- schedule run --trace
 
 def add_trace_option(run_parser) -> None:
@@ -281,4 +299,11 @@ def add_parsers(sub, epilog: str) -> None:
     pt.add_argument("--ties", default="fifo", choices=["fifo", "seeded"], help="same-instant order (default fifo)")
     pt.add_argument("--out", metavar="BASE", help="writes BASE.png and BASE.svg (default FILE_timeline)")
     pt.set_defaults(func=_plot_timeline)
+    pg = pl.add_parser("signatures", help="the incident's signature table as a heat map: hypotheses against "
+                       "A/B configurations, the observed row on top, fitting rows marked", epilog=epilog,
+                       formatter_class=fmt)
+    pg.add_argument("file", help="signature table JSON (kvrace signatures --json)")
+    pg.add_argument("--out", metavar="BASE", help="writes BASE.png and BASE.svg (or only BASE when it ends in "
+                    ".png or .svg; default FILE_heatmap)")
+    pg.set_defaults(func=_plot_signatures)
 

@@ -10,16 +10,23 @@ never needs it; install it with ``pip install 'kvrace[plot]'``).
   host and stream, ops as bars, copies with the cumulative count of their
   items landed, reads marked clean / stale / torn / indeterminate, latent
   races marked, and record -> wait edges as arrows.
+* ``signature_heatmap``: the incident's signature table (``kvrace signatures
+  --json``; checked by ``check_signature_table``): hypotheses against A/B
+  configurations, each cell coloured by its corrupted fraction and annotated
+  with it and its interval, rows that fit the observations marked, and the
+  deployment's observed row on top.
 
-Both write ``BASE.png`` and ``BASE.svg`` and return the two paths.
+Each writes ``BASE.png`` and ``BASE.svg`` and returns the paths
+(``signature_heatmap`` writes only one file when its path ends in ``.png`` or ``.svg``).
 """
 from __future__ import annotations
 
 import itertools
 
-from sim.errors import InputError, show
+from sim.errors import InputError, check_keys, show
 
-__all__ = ["STATUS_COLOURS", "plot_sweep", "plot_timeline", "sweep_layout"]
+__all__ = ["STATUS_COLOURS", "check_signature_table", "plot_sweep", "plot_timeline", "signature_heatmap",
+           "sweep_layout"]
 
 STATUS_COLOURS = {"clean": "#2ca02c", "stale": "#d62728", "torn": "#9467bd", "indeterminate": "#ff7f0e",
                   "race": "#000000"}
@@ -195,5 +202,197 @@ def plot_timeline(tl, base: str, *, title: str | None = None) -> list[str]:
     fig.tight_layout()
     try:
         return _save(fig, base)
+    finally:
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------- the signature table
+
+_TABLE_KEYS = ("scenario", "trials", "columns", "rows", "observed")
+_CELL_KEYS = ("corrupted", "requests", "fraction", "ci")
+_FITS_COLOUR, _MISFIT_COLOUR, _NA_COLOUR = "#1a7f37", "#555555", "#d9d9d9"
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _fraction(v, where: str) -> float:
+    if not _is_number(v) or not 0 <= v <= 1:
+        raise InputError(where, f"expected a fraction in [0, 1], got {show(v)}")
+    return float(v)
+
+
+def check_signature_table(table) -> dict:
+    """Check ``table`` (the JSON of ``kvrace signatures --json``) and return it.
+
+    The shape: ``{"scenario": str, "trials": int, "columns": [{"name": str,
+    "config": {...}}], "rows": [{"hypothesis": str, "cells": [{"corrupted": int,
+    "requests": int, "fraction": float, "ci": [lo, hi]}], "score": float, "fits":
+    bool}], "observed": [{"fraction": float | null, "corrupt": bool}]}``: one cell
+    per column in every row, one observed entry per column, ``lo <= fraction <=
+    hi`` inside [0, 1] and ``corrupted <= requests``.  Every error names the key
+    (``signatures.rows[2].cells[0].ci``) and what it expects."""
+    w = "signatures"
+    if not isinstance(table, dict):
+        raise InputError(w, f"expected a JSON object with keys {list(_TABLE_KEYS)}, got {show(table)}")
+    check_keys(table, _TABLE_KEYS, w, required=_TABLE_KEYS, context=" (a signature table)")
+    if not isinstance(table["scenario"], str):
+        raise InputError(f"{w}.scenario", f"expected a text, got {show(table['scenario'])}")
+    if not isinstance(table["trials"], int) or isinstance(table["trials"], bool) or table["trials"] < 1:
+        raise InputError(f"{w}.trials", f"expected a whole number >= 1, got {show(table['trials'])}")
+    cols = table["columns"]
+    if not isinstance(cols, list) or not cols:
+        raise InputError(f"{w}.columns", f"expected a non-empty list of {{name, config}}, got {show(cols)}")
+    for i, c in enumerate(cols):
+        where = f"{w}.columns[{i}]"
+        if not isinstance(c, dict):
+            raise InputError(where, f"expected an object {{name, config}}, got {show(c)}")
+        check_keys(c, ("name", "config"), where, required=("name", "config"), context=" (a column)")
+        if not isinstance(c["name"], str):
+            raise InputError(f"{where}.name", f"expected a text, got {show(c['name'])}")
+        if not isinstance(c["config"], dict):
+            raise InputError(f"{where}.config", f"expected an object of configuration keys, got {show(c['config'])}")
+    rows = table["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise InputError(f"{w}.rows", f"expected a non-empty list of hypothesis rows, got {show(rows)}")
+    for i, r in enumerate(rows):
+        where = f"{w}.rows[{i}]"
+        if not isinstance(r, dict):
+            raise InputError(where, f"expected an object {{hypothesis, cells, score, fits}}, got {show(r)}")
+        check_keys(r, ("hypothesis", "cells", "score", "fits"), where,
+                   required=("hypothesis", "cells", "score", "fits"), context=" (a hypothesis row)")
+        if not isinstance(r["hypothesis"], str):
+            raise InputError(f"{where}.hypothesis", f"expected a text, got {show(r['hypothesis'])}")
+        if not _is_number(r["score"]):
+            raise InputError(f"{where}.score", f"expected a finite number, got {show(r['score'])}")
+        if not isinstance(r["fits"], bool):
+            raise InputError(f"{where}.fits", f"expected true or false, got {show(r['fits'])}")
+        cells = r["cells"]
+        if not isinstance(cells, list) or len(cells) != len(cols):
+            raise InputError(f"{where}.cells", f"expected a list of {len(cols)} cells (one per column), got "
+                             f"{show(cells)}")
+        for j, cell in enumerate(cells):
+            cw = f"{where}.cells[{j}]"
+            if not isinstance(cell, dict):
+                raise InputError(cw, f"expected an object {{{', '.join(_CELL_KEYS)}}}, got {show(cell)}")
+            check_keys(cell, _CELL_KEYS, cw, required=_CELL_KEYS, context=" (a cell)")
+            n, k = cell["requests"], cell["corrupted"]
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise InputError(f"{cw}.requests", f"expected a whole number >= 0, got {show(n)}")
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= n:
+                raise InputError(f"{cw}.corrupted", f"expected a whole number in [0, requests={n}], got {show(k)}")
+            f = _fraction(cell["fraction"], f"{cw}.fraction")
+            ci = cell["ci"]
+            if not (isinstance(ci, list) and len(ci) == 2):
+                raise InputError(f"{cw}.ci", f"expected [lo, hi], got {show(ci)}")
+            lo, hi = (_fraction(v, f"{cw}.ci") for v in ci)
+            # NOTE: a small tolerance: the producer rounds the fraction and its bounds separately
+            if not lo - 1e-9 <= f <= hi + 1e-9:
+                raise InputError(f"{cw}.ci", f"expected lo <= fraction <= hi, got ci {show(ci)} around {f:g}")
+    obs = table["observed"]
+    if not isinstance(obs, list) or len(obs) != len(cols):
+        raise InputError(f"{w}.observed", f"expected a list of {len(cols)} entries (one per column), got {show(obs)}")
+    for j, o in enumerate(obs):
+        ow = f"{w}.observed[{j}]"
+        if not isinstance(o, dict):
+            raise InputError(ow, f"expected an object {{fraction, corrupt}}, got {show(o)}")
+        check_keys(o, ("fraction", "corrupt"), ow, required=("fraction", "corrupt"), context=" (an observation)")
+        if o["fraction"] is not None:
+            _fraction(o["fraction"], f"{ow}.fraction")
+        if not isinstance(o["corrupt"], bool):
+            raise InputError(f"{ow}.corrupt", f"expected true or false, got {show(o['corrupt'])}")
+    return table
+
+
+def _config_text(config: dict, limit: int = 3) -> str:
+    items = [f"{k}={v}" for k, v in config.items()]
+    return "\n".join(items[:limit] + ([f"+{len(items) - limit} more"] if len(items) > limit else []))
+
+
+def _cell_colour_text(cmap, value: float) -> str:
+    r, g, b, _ = cmap(value)
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def signature_heatmap(table: dict, path: str, *, title: str | None = None) -> list[str]:
+    """Draw the signature table as a heat map; returns the files written.
+
+    One row per hypothesis, one column per A/B configuration.  A cell's colour
+    is its corrupted fraction (0 white to 1 dark red; no requests: grey, "n/a");
+    its text is the fraction, the 95 % interval and ``corrupted/requests``.
+    Rows that fit the observations carry a check mark and a green frame; each
+    row's score is written at its right.  The top row, set apart, is what the
+    deployment observed per column: the fraction when known, otherwise
+    "corrupt" or "clean" (coloured 1 or 0).
+
+    ``path``: ``X.png`` or ``X.svg`` writes that file; any other path is a base
+    and writes ``path.png`` and ``path.svg``."""
+    check_signature_table(table)
+    plt = _pyplot()
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    cols, rows, obs = table["columns"], table["rows"], table["observed"]
+    nc, nr = len(cols), len(rows)
+    cmap = plt.get_cmap("Reds")
+    cell_w, cell_h = 1.55, 0.72
+    fig_w = 3.2 + cell_w * nc + 1.1
+    fig_h = 1.6 + cell_h * (nr + 1) + 0.55
+    fig, (ax_obs, ax) = plt.subplots(2, 1, figsize=(fig_w, fig_h), sharex=True,
+                                     gridspec_kw={"height_ratios": [1, nr], "hspace": 0.08})
+    grid = np.array([[c["fraction"] if c["requests"] else np.nan for c in r["cells"]] for r in rows], float)
+    ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    for i, r in enumerate(rows):
+        for j, c in enumerate(r["cells"]):
+            if not c["requests"]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=_NA_COLOUR, edgecolor="none"))
+                ax.text(j, i, "n/a\n(no requests)", ha="center", va="center", fontsize=7, color="black")
+                continue
+            lo, hi = c["ci"]
+            ax.text(j, i, f"{c['fraction']:.2f}\n[{lo:.2f}, {hi:.2f}]\n{c['corrupted']}/{c['requests']}",
+                    ha="center", va="center", fontsize=7, color=_cell_colour_text(cmap, c["fraction"]))
+        if r["fits"]:
+            ax.add_patch(Rectangle((-0.5 + 0.02, i - 0.5 + 0.03), nc - 0.04, 0.94, fill=False, edgecolor=_FITS_COLOUR,
+                                   linewidth=3, zorder=5))
+        ax.text(nc - 0.5 + 0.08, i, f"score\n{r['score']:.3g}", ha="left", va="center", fontsize=7,
+                color=_FITS_COLOUR if r["fits"] else _MISFIT_COLOUR, clip_on=False)
+    ax.set_yticks(range(nr), [("\u2713 " if r["fits"] else "") + r["hypothesis"] for r in rows], fontsize=8)
+    for label, r in zip(ax.get_yticklabels(), rows):
+        if r["fits"]:
+            label.set_color(_FITS_COLOUR)
+            label.set_fontweight("bold")
+    ax.set_xticks(range(nc), [f"{c['name']}\n{_config_text(c['config'])}" for c in cols], fontsize=7)
+    ax.set_xticks(np.arange(-0.5, nc, 1), minor=True)
+    ax.set_yticks(np.arange(-0.5, nr, 1), minor=True)
+    ax.grid(which="minor", color="white", linewidth=1.5)
+    ax.tick_params(which="minor", length=0)
+
+    shown = np.array([[o["fraction"] if o["fraction"] is not None else float(o["corrupt"]) for o in obs]], float)
+    ax_obs.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    for j, o in enumerate(obs):
+        text = f"{o['fraction']:.2f}" if o["fraction"] is not None else ("corrupt" if o["corrupt"] else "clean")
+        ax_obs.text(j, 0, text, ha="center", va="center", fontsize=8, fontweight="bold",
+                    color=_cell_colour_text(cmap, shown[0, j]))
+    ax_obs.set_yticks([0], ["observed"], fontsize=8, fontweight="bold")
+    ax_obs.set_xticks(np.arange(-0.5, nc, 1), minor=True)
+    ax_obs.grid(which="minor", axis="x", color="white", linewidth=1.5)
+    ax_obs.tick_params(which="both", length=0, labelbottom=False)
+    for spine in ax_obs.spines.values():
+        spine.set_edgecolor("black")
+        spine.set_linewidth(1.2)
+    fits = sum(r["fits"] for r in rows)
+    fig.suptitle(title or f"{table['scenario']}: corrupted fraction per hypothesis and configuration "
+                 f"({table['trials']} trials; {fits} of {nr} hypotheses fit: \u2713, green frame)", fontsize=9)
+    sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, 1))
+    fig.colorbar(sm, ax=[ax_obs, ax], fraction=0.03, pad=0.09, label="corrupted fraction")
+    try:
+        if path.endswith((".png", ".svg")):
+            fig.savefig(path, dpi=120, bbox_inches="tight")
+            return [path]
+        paths = [f"{path}.png", f"{path}.svg"]
+        for p in paths:
+            fig.savefig(p, dpi=120, bbox_inches="tight")
+        return paths
     finally:
         plt.close(fig)
