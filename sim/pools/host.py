@@ -34,12 +34,15 @@ from sim.pools.device import (
     DeepSeekV4IndexerPool, DeepSeekV4SingleKVPool, DeepSeekV4TokenToKVPool, DSATokenToKVPool, KVCache,
     MLATokenToKVPool, buffer_decl,
 )
-from sim.pools.layouts import HOST_LAYOUTS, HostLayout, host_mirror
+from sim.pools.layouts import (
+    HOST_LAYOUTS, INDEX_HEAD_DIM, INDEX_SCALE_BYTES, Field, HostLayout, PagedLayout, c4_indexer, host_mirror,
+)
 
 __all__ = [
     "HICACHE_HOST_MEMORY_RESERVE_BYTES",
     "WRITE_BACK_STAGING_PAGE_CHUNK",
     "IO_BACKENDS",
+    "PARTIAL_PAGE_MODES",
     "UnsupportedTransfer",
     "HostKVCache",
     "MLATokenToKVPoolHost",
@@ -124,6 +127,18 @@ def _direct_routine(layout: str) -> str:
 
 def _lst(a: np.ndarray) -> list[int]:
     return a.tolist()
+
+
+#: how a V4 paged host pool copies a transfer whose index count is not a multiple of its
+#: slot page: SGLang 0.5.14's token-granular ``transfer_cache_dsv4_mla`` (``dsv4_token``), or
+#: widened to the whole pages it touches and copied by the page routine (``page_aligned``)
+PARTIAL_PAGE_MODES = ("dsv4_token", "page_aligned")
+
+
+def _first_touch(pages: np.ndarray) -> np.ndarray:
+    """The distinct values of ``pages`` in order of first appearance."""
+    _, first = np.unique(pages, return_index=True)
+    return pages[np.sort(first)]
 
 
 def _check_pair(host_indices, device_indices) -> tuple[np.ndarray, np.ndarray]:
@@ -570,7 +585,14 @@ class DeepSeekV4PagedHostPool(HostKVCache):
 
     def __init__(self, pool_name: str, device_pool: KVCache, num_host_pages: int, slot_page_size: int,
                  layout: str = "layer_first", *, prefix: str = "host_",
-                 host_memory_available: Optional[int] = None):
+                 host_memory_available: Optional[int] = None, host_bytes_per_entry: int = 0,
+                 partial_pages: str = "dsv4_token"):
+        if partial_pages not in PARTIAL_PAGE_MODES:
+            raise InputError("partial_pages", f"expected one of {list(PARTIAL_PAGE_MODES)}, got {show(partial_pages)}")
+        if not isinstance(host_bytes_per_entry, numbers.Integral) or isinstance(host_bytes_per_entry, bool) \
+                or host_bytes_per_entry < 0:
+            raise InputError("host_bytes_per_entry", f"expected an integer >= 0 (0: the device's), "
+                                                     f"got {show(host_bytes_per_entry)}")
         if not isinstance(device_pool, (DeepSeekV4SingleKVPool, DeepSeekV4IndexerPool)):
             raise InputError("device_pool", f"expected a DeepSeekV4SingleKVPool or DeepSeekV4IndexerPool, "
                                             f"got {type(device_pool).__name__}")
@@ -584,7 +606,11 @@ class DeepSeekV4PagedHostPool(HostKVCache):
                               else device_pool.index_k_layout)
         self.device_buffer = (device_pool.kv_buffer if isinstance(device_pool, DeepSeekV4SingleKVPool)
                               else device_pool.index_k_buffer)
-        self.item_bytes = self.device_layout.page_bytes
+        self.partial_pages = partial_pages
+        self.host_bytes_per_entry = int(host_bytes_per_entry)
+        self.device_item_bytes = self.device_layout.page_bytes
+        entries = self.device_layout.entries_per_page
+        self.item_bytes = entries * self.host_bytes_per_entry if self.host_bytes_per_entry else self.device_item_bytes
         self.num_host_pages = int(num_host_pages)
         self.slot_page_size = int(slot_page_size)
         self.page_size = self.slot_page_size
@@ -610,12 +636,59 @@ class DeepSeekV4PagedHostPool(HostKVCache):
     def get_size_per_token(self) -> int:
         return self.item_bytes
 
+    def _host_page_layout(self) -> PagedLayout:
+        """The page row the host pool is built with: the device's, or (``host_bytes_per_entry``
+        set and different) a row of ``entries_per_page`` entries of that many bytes: 132 B is
+        the fp8 indexer packing (128 B keys, then 4 B scales), any other size one field."""
+        dev = self.device_layout
+        if self.item_bytes == dev.page_bytes and self.host_bytes_per_entry in (0, dev.page_bytes // dev.entries_per_page):
+            return dev
+        n = dev.entries_per_page
+        if self.host_bytes_per_entry == INDEX_HEAD_DIM + INDEX_SCALE_BYTES:
+            return c4_indexer(dev.layers, dev.pages) if n == 64 else PagedLayout(
+                f"host_{self.host_bytes_per_entry}B_entries", dev.layers, dev.pages, page_bytes=self.item_bytes,
+                entries_per_page=n, fields=(Field("key", 0, INDEX_HEAD_DIM),
+                                            Field("scale", n * INDEX_HEAD_DIM, INDEX_SCALE_BYTES)))
+        return PagedLayout(f"host_{self.host_bytes_per_entry}B_entries", dev.layers, dev.pages,
+                           page_bytes=self.item_bytes, entries_per_page=n,
+                           fields=(Field("key", 0, self.host_bytes_per_entry),))
+
     def init_kv_buffer(self) -> None:
         shape = "layer_first" if self.layout == "layer_first" else "page_first"
-        self.kv_layout = host_mirror(self.device_layout, shape, units=self.num_host_pages, page_size=1,
-                                     name=f"host_{self.device_layout.name}")
+        row = self._host_page_layout()
+        self.kv_layout = host_mirror(row, shape, units=self.num_host_pages, page_size=1, name=f"host_{row.name}")
         self.kv_buffer = self._add(f"{self.pool_name}_kv_buffer", self.device_pool.kind_of(self.device_buffer),
                                    self.kv_layout)
+
+    @property
+    def stride_mismatch(self) -> bool:
+        """True when the host page row differs in size from the device's (the kernels then
+        copy ``item_bytes``, the host's, per row: SGLang passes ``self.item_bytes``)."""
+        return self.item_bytes != self.device_item_bytes
+
+    def _item_args(self) -> dict:
+        return {"item_bytes": self.item_bytes} if self.stride_mismatch else {}
+
+    def _no_direct_mismatch(self, io_backend: str) -> None:
+        if io_backend == "direct" and self.stride_mismatch:
+            raise UnsupportedTransfer(
+                f"{self.pool_name}: the direct backend copies whole tensor rows (torch index_copy), which "
+                f"fails when the host row ({self.item_bytes} B) and the device row ({self.device_item_bytes} B) "
+                "differ")
+
+    def _page_rows(self, h: np.ndarray, d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Page rows of a transfer: whole pages as SGLang reads them (first index of each
+        ``slot_page_size`` group // slot_page_size); a partial transfer under
+        ``partial_pages="page_aligned"`` is widened to every page its indices touch (in
+        order of first touch; host and device must touch as many)."""
+        if not self._token_granular(h, d):
+            return self._to_page_indices(h), self._to_page_indices(d)
+        hr = _first_touch(h // self.slot_page_size)
+        dr = _first_touch(d // self.slot_page_size)
+        if hr.size != dr.size:
+            raise InputError("host_indices", f"{self.pool_name}: widening a partial transfer to whole pages needs "
+                                             f"as many host pages as device pages, got {hr.size} and {dr.size}")
+        return hr, dr
 
     def alloc(self, need_size: int) -> Optional[np.ndarray]:
         if not isinstance(need_size, numbers.Integral) or need_size < 0:
@@ -640,13 +713,14 @@ class DeepSeekV4PagedHostPool(HostKVCache):
         if h.size == 0:
             return []
         src, dst = self.kv_buffer, self.device_buffer
-        if self._token_granular(h, d):
+        if self._token_granular(h, d) and self.partial_pages == "dsv4_token":
             self._token_path_check()
             return [_copy("dsv4_token", src, dst, {"src_indices": _lst(h), "dst_indices": _lst(d),
                                                    "layers": [int(layer_id)]},
                           f"transfer_cache_dsv4_mla ({self.pool_name}, token-granular)")]
-        hr, dr = self._to_page_indices(h), self._to_page_indices(d)
-        args = {"layer": int(layer_id), "src_indices": _lst(hr), "dst_indices": _lst(dr)}
+        self._no_direct_mismatch(io_backend)
+        hr, dr = self._page_rows(h, d)
+        args = {"layer": int(layer_id), "src_indices": _lst(hr), "dst_indices": _lst(dr), **self._item_args()}
         pair = (io_backend, self.layout)
         if pair == ("kernel", "layer_first"):
             return [_copy("kernel_per_layer", src, dst, args, "sgl_kernel.transfer_kv_per_layer_mla (page rows)")]
@@ -665,21 +739,23 @@ class DeepSeekV4PagedHostPool(HostKVCache):
         if h.size == 0:
             return []
         src, dst = self.device_buffer, self.kv_buffer
-        if self._token_granular(h, d):
+        if self._token_granular(h, d) and self.partial_pages == "dsv4_token":
             self._token_path_check()
             return [_copy("dsv4_token", src, dst, {"src_indices": _lst(d), "dst_indices": _lst(h),
                                                    "layers": list(range(self.layer_num))},
                           f"transfer_cache_dsv4_mla ({self.pool_name}, token-granular, all layers)")]
-        hr, dr = self._to_page_indices(h), self._to_page_indices(d)
+        self._no_direct_mismatch(io_backend)
+        hr, dr = self._page_rows(h, d)
         pair = (io_backend, self.layout)
+        item = self._item_args()
         if pair == ("kernel", "layer_first"):
-            return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dr), "dst_indices": _lst(hr)},
+            return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dr), "dst_indices": _lst(hr), **item},
                           "sgl_kernel.transfer_kv_all_layer_mla (page rows)")]
         if pair == ("kernel", "page_first"):
-            if self.can_use_write_back_jit:
+            if self.can_use_write_back_jit and not item:
                 return _staged_ops(src, dst, dr, hr, 1, self.staging_page_capacity,
                                    f"jit_transfer_hicache_all_layer_mla_staged_lf_pf ({self.pool_name} page rows)")
-            return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dr), "dst_indices": _lst(hr)},
+            return [_copy("kernel_all_layer", src, dst, {"src_indices": _lst(dr), "dst_indices": _lst(hr), **item},
                           "sgl_kernel.transfer_kv_all_layer_mla_lf_pf (page rows)")]
         if pair in (("direct", "layer_first"), ("direct", "page_first_direct")):
             fn = "transfer_kv_direct" if self.layout == "layer_first" else "transfer_kv_all_layer_direct_lf_pf"
@@ -860,14 +936,26 @@ class HostPoolGroup:
     @classmethod
     def for_deepseek_v4(cls, device_pool: DeepSeekV4TokenToKVPool, hicache_ratio: float, layout: str, *,
                         size_full: Optional[int] = None, hicache_size: float = 0, prefix: str = "host_",
-                        host_memory_available: Optional[int] = None) -> "HostPoolGroup":
-        """The V4 stack of 0.5.14 (``build_deepseek_v4_hicache_stack``) without
-        the SWA and compressor-state pools: anchor ``kv`` = LogicalHostPool of
-        ``num_host_pages * page_size`` slots, then ``deepseek_v4_c4``,
-        ``deepseek_v4_c4_indexer`` and (with C128 layers) ``deepseek_v4_c128``,
-        each a DeepSeekV4PagedHostPool with ``slot_page_size = page_size`` and
-        a layer mapper global layer -> compress_layer_id (None for other
-        layers).  ``size_full`` defaults to the device pool's ``size``."""
+                        host_memory_available: Optional[int] = None, index_k_host_bytes_per_entry: int = 0,
+                        index_k_partial_pages: str = "dsv4_token") -> "HostPoolGroup":
+        """The V4 stack of 0.5.14 (``build_deepseek_v4_hicache_stack``) without the
+        compressor-state pools: anchor ``kv`` = LogicalHostPool of ``num_host_pages *
+        page_size`` slots, then ``swa`` (when the device pool has its SWA pool; every
+        layer, identity mapping), ``deepseek_v4_c4``, ``deepseek_v4_c4_indexer`` and (with
+        C128 layers) ``deepseek_v4_c128``, each a DeepSeekV4PagedHostPool with
+        ``slot_page_size = page_size`` and a layer mapper global layer -> its pool layer
+        (None for other layers).  ``size_full`` defaults to the device pool's ``size``.
+
+        NOTE: SGLang sizes the SWA host pool from the SWA pool's own pages
+        (``swa_num_host_pages``, same formula); with the identity SWA mapping of
+        :class:`DeepSeekV4TokenToKVPool` that is ``num_host_pages``.  SGLang moves SWA as a
+        tree component of its own (indices from the SWA allocator, only the trailing pages
+        on a hit); here it is a sidecar with the anchor's indices, like C4 and C128.
+
+        The incident's switches act on the indexer entry only:
+        ``index_k_host_bytes_per_entry`` (0: the device's row) builds its host rows of
+        ``64 * n`` bytes; ``index_k_partial_pages`` picks how it copies a partial page
+        (:data:`PARTIAL_PAGE_MODES`; default SGLang's ``dsv4_token``)."""
         ps = device_pool.page_size
         pages = deepseek_v4_num_host_pages(device_pool.size if size_full is None else size_full, ps,
                                            hicache_ratio, hicache_size)
@@ -879,11 +967,16 @@ class HostPoolGroup:
         entries = [PoolEntry("kv", LogicalHostPool(pages * ps, ps, layout), device_pool,
                              mapper({i: i for i in range(n_layers)}), True)]
         kw = dict(prefix=prefix, host_memory_available=host_memory_available)
+        if device_pool.swa_kv_pool is not None:
+            entries.append(PoolEntry("swa", DeepSeekV4PagedHostPool(
+                "swa", device_pool.swa_kv_pool, pages, ps, layout, **kw), device_pool.swa_kv_pool,
+                mapper({i: i for i in range(n_layers)})))
         c4 = device_pool.layers_of(4)
         entries.append(PoolEntry("deepseek_v4_c4", DeepSeekV4PagedHostPool(
             "deepseek_v4_c4", device_pool.c4_kv_pool, pages, ps, layout, **kw), device_pool.c4_kv_pool, mapper(c4)))
         entries.append(PoolEntry("deepseek_v4_c4_indexer", DeepSeekV4PagedHostPool(
-            "deepseek_v4_c4_indexer", device_pool.c4_indexer_kv_pool, pages, ps, layout, **kw),
+            "deepseek_v4_c4_indexer", device_pool.c4_indexer_kv_pool, pages, ps, layout,
+            host_bytes_per_entry=index_k_host_bytes_per_entry, partial_pages=index_k_partial_pages, **kw),
             device_pool.c4_indexer_kv_pool, mapper(c4)))
         if device_pool.c128_kv_pool is not None:
             entries.append(PoolEntry("deepseek_v4_c128", DeepSeekV4PagedHostPool(

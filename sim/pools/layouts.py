@@ -423,6 +423,13 @@ def c128_paged(layers: int, pages: int) -> PagedLayout:
     return _v4_paged("c128_paged", layers, pages, 2)
 
 
+def swa_paged(layers: int, pages: int) -> PagedLayout:
+    """DeepSeek V4 sliding-window page (``swa_kv_pool``, paged SWA: ``swa_page_size``
+    256): 256 uncompressed tokens' values (576 B), then their scales (8 B), padded to a
+    multiple of 576 B (149,760 B)."""
+    return _v4_paged("swa_paged", layers, pages, 256)
+
+
 def token_rows(item_bytes: int, layers: int, size: int, page_size: int = 1) -> PagedLayout:
     """Per-token rows (MLA/DSA latent): ``size + page_size`` rows, slot 0 padding."""
     for k, v in (("item_bytes", item_bytes), ("layers", layers), ("size", size),
@@ -446,6 +453,7 @@ PRESETS: dict[str, Callable[..., PagedLayout]] = {
     "bf16_index_k": bf16_index_k,
     "c4_paged": c4_paged,
     "c128_paged": c128_paged,
+    "swa_paged": swa_paged,
     "c4_indexer": c4_indexer,
     "token_rows": token_rows,
 }
@@ -455,6 +463,7 @@ _PRESET_ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "bf16_index_k": (("layers", "tokens"), ()),
     "c4_paged": (("layers", "pages"), ()),
     "c128_paged": (("layers", "pages"), ()),
+    "swa_paged": (("layers", "pages"), ()),
     "c4_indexer": (("layers", "pages"), ()),
     "token_rows": (("item_bytes", "layers", "size"), ("page_size",)),
 }
