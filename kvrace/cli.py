@@ -18,6 +18,7 @@ from sim.errors import InputError
 from sim.report_io import check_output_path, emit, write_json  # noqa: F401  (emit: re-exported)
 
 from kvrace.sweep_cli import add_parsers, add_trace_option, check_trace_option, write_run_trace
+from kvrace.run_cli import add_parser as add_run_parser
 from kvrace.scenarios_cli import add_scenarios_parser
 
 EXIT_OK, EXIT_FOUND, EXIT_INPUT, EXIT_NO_GPU = 0, 1, 2, 3
@@ -249,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=EXIT_CODES, formatter_class=fmt)
     p.add_argument("--version", action="version", version=f"kvrace {version()}")
     sub = p.add_subparsers(dest="command", required=True)
+    add_run_parser(sub, EXIT_CODES)
 
     sched = sub.add_parser("schedule", help="validate or run a schedule file").add_subparsers(
         dest="action", required=True)

@@ -529,7 +529,9 @@ class Executor:
                     if ev is not None:
                         yield ev
             elif kind == "compute":
-                jitter = max(0.0, 1.0 + self.p.jitter_frac * self.rng.standard_normal())
+                # NOTE: no draw for an op issued pre-jittered, so the RNG sequence of the others
+                # does not depend on how many such ops ran
+                jitter = max(0.0, 1.0 + self.p.jitter_frac * self.rng.standard_normal()) if op.jitter else 1.0
                 yield self.env.timeout(op.duration_us * jitter)
             elif kind == "read" or kind == "write":
                 yield self._gate(op)

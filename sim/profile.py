@@ -42,7 +42,8 @@ _SCHEMA = {
 #       a device-to-device copy's read + write); flops_efficiency, mem_efficiency: the fraction
 #       of those peaks a kernel reaches (0 < x <= 1); op_launch_us: per-kernel launch overhead;
 #     roofline_jitter_frac: sigma of the cost model's own multiplicative jitter, keyed by
-#       (seed, op) so a forward's per-layer durations sum to its one-step duration.
+#       (seed, op) so a forward's per-layer durations sum to its one-step duration (0: use
+#       compute.jitter_frac; the forward's compute ops are issued with jitter false).
 _OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent"))},
              "device": {"launch_jitter_us": (0.0, None)},
              "compute": {"peak_bf16_tflops": (0.0, None), "peak_fp8_tflops": (0.0, None),

@@ -185,7 +185,11 @@ class WriteOp(ReadOp):
 
 @dataclass
 class ComputeOp(Op):
+    """``duration_us`` of stream time; ``jitter`` (compute ops only, default true): the
+    executor multiplies it by its seeded jitter draw; false: the duration is taken as given
+    (the op's issuer already jittered it, e.g. the engine's cost model with keyed jitter)."""
     duration_us: float = 0.0
+    jitter: bool = True
 
 
 @dataclass
@@ -771,7 +775,8 @@ class ScheduleBuilder:
     _parse_write = _parse_read
 
     def _parse_compute(self, op, d, w, common):
-        _keys(d, common | {"stream", "duration_us"}, w)
+        _keys(d, common | {"stream", "duration_us"} | ({"jitter"} if op.op == "compute" else set()), w)
+        op.jitter = _get(d, "jitter", w, bool, default=True) if op.op == "compute" else False
         duration = _get(d, "duration_us", w, (int, float))
         if not (isinstance(duration, float) or abs(duration) <= MAX_DURATION_US):
             raise InputError(f"{w}.duration_us",

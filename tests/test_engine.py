@@ -176,3 +176,41 @@ def test_a_request_larger_than_the_device_pool_is_an_error():
     sc = load_scenario("glm5-22811-small")
     with pytest.raises(EngineError, match="cannot fit the device pool"):
         PrefillEngine(sc, 0, layers=LAYERS, device_tokens=256).run()
+
+
+# ---------------------------------------------------------------- one step, HiCache off, run.layers
+
+def _without(d: dict, *keys) -> dict:
+    return {k: v for k, v in d.items() if k not in keys}
+
+
+@pytest.mark.parametrize("concurrency", ["4", "1"])
+def test_one_step_forwards_give_the_per_layer_results(concurrency):
+    """run.one_step only merges forwards with nothing in flight: the same corrupted reads,
+    bytes and verdicts as every layer issued on its own; only the read count (merged reads)
+    and the last bits of the float clock differ."""
+    runs = {}
+    for one in ("true", "false"):
+        e = small("upstream-0.5.10", f"run.one_step={one}", f"workload.concurrency={concurrency}")
+        runs[one] = e.run()
+    a, b = runs["true"], runs["false"]
+    assert a.forwards_one_step > 0 and b.forwards_one_step == 0
+    assert a.reads_total < b.reads_total
+    assert _without(a.signature(), "reads_total", "sim_time_s", "forwards_one_step") == \
+        _without(b.signature(), "reads_total", "sim_time_s", "forwards_one_step")
+    assert a.sim_time_s == pytest.approx(b.sim_time_s, rel=1e-12)
+
+
+def test_hicache_off_runs_a_plain_radix_cache_with_no_host_traffic():
+    e = small("upstream-0.5.10", "hicache.prefill=false", "hicache.decode=false")
+    r = e.run()
+    assert not r.hicache and r.load_backs == 0 and r.backups == 0 and r.branches == {}
+    assert r.requests_completed == r.requests_total > 0 and r.requests_corrupted == 0
+    assert not any(op.op == "copy" for op in e.session.finish().schedule.ops)
+
+
+def test_run_layers_key_cuts_the_model():
+    e = PrefillEngine(load_scenario("glm5-22811-small", ["run.layers=3"]), 0)
+    assert e.model.n_layers == 3
+    with pytest.raises(InputError, match="run.layers"):
+        PrefillEngine(load_scenario("glm5-22811-small", ["run.layers=99"]), 0)

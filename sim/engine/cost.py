@@ -22,8 +22,10 @@ Parameters come from the hardware profile's optional ``[compute]`` terms
 4,000 AI TOPS FP4-sparse figure), ``mem_gbps`` (datasheet memory bandwidth:
 H200 4,800 GB/s, RTX PRO 6000 1,792 GB/s), ``flops_efficiency`` /
 ``mem_efficiency`` (estimates, uncalibrated), ``op_launch_us`` (the profile's
-kernel launch cost), ``roofline_jitter_frac`` (0 in the shipped profiles:
-the executor already jitters every compute op by ``compute.jitter_frac``).
+kernel launch cost), ``roofline_jitter_frac`` (0 in the shipped profiles,
+which means ``compute.jitter_frac``: the forward's compute ops are issued
+with ``jitter: false`` and the cost model's keyed jitter instead, so per-layer
+and one-step forwards take exactly the same time).
 
 What each forward op costs (:func:`step_cost`), per GPU of a TP group of
 ``tp`` ranks (heads and weights split over ranks; the MLA/DSA latent and the
@@ -95,8 +97,11 @@ class CostParams:
         for key in ("flops_efficiency", "mem_efficiency"):
             require(getattr(p, key) <= 1, f"profile {p.name}: compute.{key}",
                     f"expected a fraction in (0, 1], got {getattr(p, key)}")
+        # NOTE: the forward issues its compute ops pre-jittered (``jitter: false``) so that a
+        # one-step forward's duration is exactly the sum of its per-layer ones; the sigma is the
+        # profile's compute.jitter_frac unless roofline_jitter_frac names another
         return cls(p.peak_bf16_tflops, p.peak_fp8_tflops, p.mem_gbps, p.flops_efficiency, p.mem_efficiency,
-                   p.op_launch_us, p.roofline_jitter_frac)
+                   p.op_launch_us, p.roofline_jitter_frac or p.jitter_frac)
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,12 @@ from types import MappingProxyType
 
 import numpy as np
 
-from sim.cache.radix import RadixKey
-from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
+from sim.cache.radix import RadixCache, RadixKey
+from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import CacheSession
 from sim.engine.cost import CostModel
 from sim.engine.hypotheses import CONTROLLER_KEYS
-from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, issue_forward
+from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, issue_forward
 from sim.engine.models import ModelFamily, model as model_family
 from sim.engine.scenario import Scenario, load_scenario
 from sim.engine.workload import Request, Workload, WorkloadDriver, tokens
@@ -86,7 +86,8 @@ class EngineResult:
     role, per copy routine, the copy ops the controller issued.  ``corrupted_reads`` lists
     each corrupted read (op id, layer, reader, role, status, waited, consumer index,
     requests).  ``sim_time_s``: simulated time at the end; ``wall_time_s``: wall time of the
-    run and its analysis."""
+    run and its analysis.  ``forwards_one_step``: forwards advanced in one step (nothing in
+    flight: ``run.one_step``); ``hicache``: whether HiCache was on (``hicache.prefill``)."""
 
     scenario: str
     seed: int
@@ -110,6 +111,8 @@ class EngineResult:
     wall_time_s: float
     corrupted_reads: list = field(default_factory=list)
     ownership_checks: int = 0
+    forwards_one_step: int = 0
+    hicache: bool = True
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -173,6 +176,10 @@ class PrefillEngine:
                 raise InputError("variant.hypotheses", f"{list(self.config.hypotheses)} set {f} = "
                                  f"{show(getattr(self.config, f))}; the prefill engine's CacheSession does not take "
                                  f"that controller switch yet (only {show(default)}), so it would run unchanged")
+        if layers is None and sc.run.layers:
+            if sc.run.layers > fam.n_layers:
+                raise InputError("run.layers", f"expected an integer in 0..{fam.n_layers} ({fam.name}), got {sc.run.layers}")
+            layers = sc.run.layers
         self.model = reduced_model(fam, layers)
         self.options = dict(self.config.options)
         tokens_ = sc.scheduler.max_total_tokens if device_tokens is None else device_tokens
@@ -194,6 +201,13 @@ class PrefillEngine:
                                  "has no pool role in the forward model")
             self.buffers[role] = (name, lay)
         self.gate_map = self.config.gate_map
+        # HiCache off: SGLang's plain RadixCache over the same allocator (no host pool traffic,
+        # an evicted prefix is recomputed); on: the session's HiRadixCache
+        self.hicache = bool(sc.hicache.prefill)
+        self.cache = s.cache if self.hicache else RadixCache(
+            CacheInitParams(page_size=self.page, token_to_kv_pool_allocator=s.allocator))
+        self.one_step = bool(sc.run.one_step)
+        self.forwards_one_step = 0
         self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
         self.waiting: list[Request] = []
         self.issues: list[ForwardIssue] = []
@@ -205,7 +219,7 @@ class PrefillEngine:
     def _admit(self, req: Request, budget_tokens: int) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
         it does not fit the chunk budget or the device pool now."""
-        cache = self.session.cache
+        cache = self.cache
         ids = tokens(req)
         key = RadixKey(ids)
         n_total = len(key)
@@ -227,7 +241,7 @@ class PrefillEngine:
             cache.dec_lock_ref(held)
             return None
         loaded = 0
-        if m.host_hit_length > 0:
+        if self.hicache and m.host_hit_length > 0:
             values, node = cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
             if len(values):
                 prefix = np.concatenate([prefix, values])
@@ -249,7 +263,7 @@ class PrefillEngine:
         cannot free them now (locked nodes, backups still in flight)."""
         s = self.session
         if s.allocator.available_size() < need:
-            s.cache.evict(EvictParams(need - s.allocator.available_size()))
+            self.cache.evict(EvictParams(need - s.allocator.available_size()))
         return s.allocator.available_size() >= need
 
     def _alloc(self, need: int):
@@ -265,7 +279,7 @@ class PrefillEngine:
         free_pages = set(np.asarray(alloc.free_pages).tolist())
         free_pages |= set(np.asarray(getattr(alloc, "release_pages", np.zeros(0, np.int64))).tolist())
         in_tree: set[int] = set()
-        stack = [self.session.tree.root_node]
+        stack = [self.cache.root_node]
         while stack:
             n = stack.pop()
             if n.value is not None and n.parent is not None:
@@ -325,7 +339,7 @@ class PrefillEngine:
         s = self.session
         k = self.counts["batches"]
         self.counts["batches"] += 1
-        consumer = s.cache.ready_to_load_host_cache()
+        consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
         self._check_ownership(batch)
         for a in batch:
             s.store_kv(a.new[:a.n_new], owner=a.req.rid, stream="forward", sync=False)
@@ -335,32 +349,42 @@ class PrefillEngine:
             reqs.append(BatchRequest(a.req.rid, {"latent": slots, "index_k": slots}, a.n_new, len(slots)))
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
         fb = ForwardBatch("extend", tuple(reqs), consumer)
+        # NOTE: one step only where nothing can interleave: no load into these buffers in flight
+        # and none issued before the forward's last read (the scheduler synchronizes the forward
+        # stream below before its next cache call); the results are the per-layer mode's
+        one_step = self.one_step and can_advance_in_one_step(s.host, fb, self.buffers)
+        self.forwards_one_step += one_step
         issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
-                              cost=self.cost, layer_events=events, options=self.options, tag=f"fwd{k}", key=(k,))
+                              cost=self.cost, layer_events=events, options=self.options, one_step=one_step,
+                              tag=f"fwd{k}", key=(k,))
         self.issues.append(issue)
         for r in issue.reads:
             self.read_rids[r.op_id] = (r, consumer)
         s.synchronize(stream="forward")
         for a in batch:
-            res = s.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
+            res = self.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
             aligned = len(a.key) // self.page * self.page
             dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
             tail = a.new[max(0, aligned - len(a.prefix)):]
             for part in (dup, tail):
                 if len(part):
                     s.allocator.free(part)
-            s.cache.dec_lock_ref(a.node)
+            self.cache.dec_lock_ref(a.node)
             self.completed.append(a.req.rid)
             self.waiting.extend(self.driver.complete(a.req.rid, int(s.now)))
 
-    def run(self, max_iterations: int = 1_000_000) -> EngineResult:
+    def run(self, max_iterations: int = 1_000_000, *, progress=None) -> EngineResult:
+        """Run the workload to its end and analyse the run.  ``progress``: called with the
+        simulated time (us) once per scheduler iteration (e.g. to drive a progress bar)."""
         t0 = time.perf_counter()
         s = self.session
         self.waiting.extend(self.driver.start(0))
         for _ in range(max_iterations):
             if self.driver.done:
                 break
-            s.cache.check_hicache_events()
+            if progress is not None:
+                progress(s.now)
+            self._poll()
             batch = self._form_batch()
             if batch:
                 self._run_batch(batch)
@@ -379,8 +403,13 @@ class PrefillEngine:
         else:
             raise EngineError(f"the run did not finish in {max_iterations} scheduler iterations")
         s.wait_idle()
-        s.cache.check_hicache_events()
+        self._poll()
         return self._result(time.perf_counter() - t0)
+
+    def _poll(self) -> None:
+        """``check_hicache_events()``: poll the backup and load acks (HiCache on only)."""
+        if self.hicache:
+            self.cache.check_hicache_events()
 
     # ---------------------------------------------------------------- verdicts
     def _result(self, wall0: float) -> EngineResult:
@@ -415,7 +444,8 @@ class PrefillEngine:
             load_backs=self.counts["load_backs"], load_back_tokens=self.counts["load_back_tokens"],
             backups=s.controller.writes_started, batches=self.counts["batches"], branches=self._branches(run),
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
-            ownership_checks=self.counts["ownership_checks"])
+            ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
+            hicache=self.hicache)
 
     def _requests_hit(self, info, obs, ref) -> set[int]:
         """Requests of the read whose entries' bytes hold a differing byte."""

@@ -285,7 +285,8 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
         out.reads.append(ReadInfo(op_id, layer, reader, role, buffers[role][0], pls, waited, starts, lens, ent))
 
     def compute(op_id, layer, us, extra_us=0.0):
-        host.issue({"op": "compute", "stream": stream, "duration_us": us + extra_us, "id": op_id})
+        # jitter: false: ``cost`` already applied its keyed jitter (the executor would draw again)
+        host.issue({"op": "compute", "stream": stream, "duration_us": us + extra_us, "id": op_id, "jitter": False})
         out.ops.append(("compute", op_id, layer))
         out.compute_us += us
 

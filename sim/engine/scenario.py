@@ -161,6 +161,7 @@ class RunSection(Section):
     duration_s: float = opt(600.0, "simulated seconds", lo=0, lo_open=True)
     seed: int = opt(0, "seed of the workload, jitter and ties", lo=0)
     one_step: bool = opt(True, "advance a forward with nothing in flight in one step (same results)")
+    layers: int = opt(0, "run only the model's first N layers (0: all; small runs and tests)", lo=0)
 
 
 SECTIONS: Mapping[str, type[Section]] = {

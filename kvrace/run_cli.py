@@ -1,0 +1,250 @@
+"""``kvrace run`` (one engine run of a scenario) and ``kvrace signatures`` (the A/B table).
+
+``kvrace run [SCENARIO|FILE] [--set k=v]... [--seed N] [--json PATH|-] [--export-races DIR]``
+prints a summary table (and a progress bar in simulated time on a terminal); ``--json``
+writes the metrics (docs/engine.md).  ``--export-races DIR`` writes, for each of the first
+``--export-limit`` corrupted reads, the window schedule around it (``sim.window.cut_window``),
+which ``kvrace schedule run`` and ``kvrace replay`` take unchanged.
+
+``kvrace signatures [MATRIX] [--scenario S] [--trials N] [--json PATH|-]`` runs the A/B matrix
+(default: the incident's) under every hypothesis and prints the corrupted fraction per cell
+with its 95 % interval and which hypotheses fit the observations.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+from kvrace.sweep_cli import ProgressBar
+from sim.errors import InputError
+
+__all__ = ["add_parser", "format_run", "format_signatures", "export_races"]
+
+#: the scenario `kvrace run` runs without an argument (a shortened incident)
+DEFAULT_SCENARIO = "incident-short"
+#: the JSON keys of `kvrace run --json` that issue 9 names, first; the rest follow
+_RUN_KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads",
+             "torn_reads", "latent_races", "oob_writes", "load_backs", "branches", "sim_time_s", "wall_time_s")
+
+
+class _SimTimeBar(ProgressBar):
+    """The sweep's progress bar, in simulated time."""
+
+    def __init__(self, duration_us: float, **kw):
+        super().__init__(**kw)
+        self.duration_us = duration_us
+        self.t0 = time.monotonic()
+
+    def line(self, p) -> str:
+        frac = min(1.0, p.now_us / self.duration_us) if self.duration_us else 1.0
+        fill = int(round(frac * self.width))
+        elapsed = time.monotonic() - self.t0
+        eta = self.eta_text(elapsed * (1 - frac) / frac) if frac > 0 else "?"
+        return (f"[{'#' * fill}{'.' * (self.width - fill)}] {100 * frac:5.1f}%  simulated "
+                f"{p.now_us / 1e6:.3f}/{self.duration_us / 1e6:g} s  elapsed {self.eta_text(elapsed)}  ETA {eta}")
+
+    def update(self, now_us: float) -> None:
+        self(SimpleNamespace(now_us=now_us, points_done=0, points_total=1))
+
+
+def format_run(d: dict) -> str:
+    """The summary table of one run's metrics (``EngineResult.to_dict()``)."""
+    rows = [
+        ("scenario", f"{d['scenario']} (seed {d['seed']}, {d['layers']} layers)"),
+        ("requests", f"{d['requests_total']} ({d['requests_completed']} completed)"),
+        ("corrupted requests", f"{d['requests_corrupted']} ({100 * d['corrupted_fraction']:.1f} %)"),
+        ("reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn"),
+        ("latent races", f"{d['latent_races']}" + (f"  {d['latent_races_by_buffer']}" if d['latent_races'] else "")),
+        ("out-of-bounds writes", f"{d['oob_writes']}"),
+        ("load-backs", f"{d['load_backs']} ({d['load_back_tokens']} tokens); backups {d['backups']}"),
+        ("batches", f"{d['batches']} ({d.get('forwards_one_step', 0)} forwards in one step)"),
+        ("simulated time", f"{d['sim_time_s']:.3f} s (wall {d['wall_time_s']:.1f} s)"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    out = [f"{k:<{w}}  {v}" for k, v in rows]
+    out.append("copy branches (pool: routine x copies):")
+    if not d["branches"]:
+        out.append("  none (no HiCache copies)")
+    for pool, routines in d["branches"].items():
+        out.append(f"  {pool}: " + ", ".join(f"{r} x {n}" for r, n in routines.items()))
+    for c in d["corrupted_reads"][:10]:
+        out.append(f"corrupted: {c['op']} layer {c['layer']} {c['reader']} ({c['role']}) {c['status']}, "
+                   f"{'waited' if c['waited'] else 'no wait'}, consumer {c['consumer_index']}, requests {c['requests']}")
+    if len(d["corrupted_reads"]) > 10:
+        out.append(f"... {len(d['corrupted_reads']) - 10} more corrupted reads (--json lists them all)")
+    return "\n".join(out)
+
+
+def export_races(engine, result, directory, limit: int = 3) -> list[Path]:
+    """Write the window schedule around each of the first ``limit`` corrupted reads of a
+    finished ``engine`` run into ``directory``; returns the paths written."""
+    from sim.window import cut_window
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    run = engine.session.finish()
+    paths = []
+    for k, c in enumerate(result.corrupted_reads[:limit]):
+        doc = cut_window(run, ops=[c["op"]])
+        doc["name"] = f"{result.scenario}_race_{k}"
+        doc["description"] = (f"Cut by `kvrace run --export-races` from {result.scenario} (seed {result.seed}): read "
+                              f"{c['op']} ({c['reader']}, layer {c['layer']}, consumer index {c['consumer_index']}) "
+                              f"of requests {c['requests']}, {c['status']}, with the copies it raced.")
+        p = out / f"race_{k}_{c['op']}.json"
+        p.write_text(json.dumps(doc, indent=1) + "\n")
+        paths.append(p)
+    return paths
+
+
+def _write_json(doc: dict, dest: str) -> None:
+    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    if dest == "-":
+        sys.stdout.write(text)
+    else:
+        Path(dest).write_text(text)
+
+
+def _run(args) -> int:
+    from sim.engine.engine import PrefillEngine
+    from sim.engine.scenario import load_scenario
+
+    sc = load_scenario(args.scenario, args.set)
+    engine = PrefillEngine(sc, args.seed)
+    bar = _SimTimeBar(sc.run.duration_s * 1e6, force=args.progress == "always") if args.progress != "never" else None
+    try:
+        result = engine.run(progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    d = result.to_dict()
+    doc = {k: d[k] for k in _RUN_KEYS} | {k: v for k, v in d.items() if k not in _RUN_KEYS}
+    if args.export_races:
+        paths = export_races(engine, result, args.export_races, args.export_limit)
+        doc["exported_races"] = [str(p) for p in paths]
+    if args.json:
+        _write_json(doc, args.json)
+    if args.json != "-":
+        print(format_run(d))
+        for p in doc.get("exported_races", []):
+            print(f"exported: {p}  (kvrace schedule run {p}; kvrace replay {p})")
+    kinds = {"corrupt": d["requests_corrupted"], "race": d["latent_races"], "oob": d["oob_writes"]}
+    return 1 if any(kinds[k] for k in args.fail_on) else 0
+
+
+def format_signatures(t: dict) -> str:
+    """The signature table (``SignatureTable.to_dict()``) as text: one row per hypothesis,
+    one column per A/B configuration, the observed row on top."""
+    cols = t["columns"]
+    head = ["hypothesis"] + [c["name"] for c in cols] + ["score", "fits"]
+    obs = ["observed"] + ["-" if o["fraction"] is None else f"{100 * o['fraction']:.0f} %" for o in t["observed"]]
+    obs += ["", ""]
+    body = [head, obs]
+    for r in t["rows"]:
+        cells = []
+        for c, m in zip(r["cells"], r["matched"]):
+            mark = "" if m is None else (" ok" if m else " X")
+            cells.append(f"{100 * c['fraction']:.1f} [{100 * c['ci'][0]:.0f},{100 * c['ci'][1]:.0f}]{mark}")
+        body.append([r["hypothesis"]] + cells + ["-" if r["score"] is None else f"{r['score']:.2f}",
+                                                 "yes" if r["fits"] else "no"])
+    widths = [max(len(row[i]) for row in body) for i in range(len(head))]
+    lines = ["  ".join(x.ljust(w) for x, w in zip(row, widths)).rstrip() for row in body]
+    lines.insert(2, "  ".join("-" * w for w in widths))
+    fits = [r["hypothesis"] for r in t["rows"] if r["fits"]]
+    lines.append("")
+    lines.append(f"{t['scenario']}: {t['trials']} trial(s) per cell, {t['runs']} distinct runs, "
+                 f"{t['wall_time_s']:.1f} s. Cells: corrupted % [95 % interval]; ok/X: matches the observation or not.")
+    lines.append("fits the observations: " + (", ".join(fits) if fits else "none"))
+    return "\n".join(lines)
+
+
+def _signatures(args) -> int:
+    from sim.engine.signatures import run_signatures
+
+    show = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+
+    def progress(done, total):
+        if show:
+            sys.stderr.write(f"\rruns {done}/{total}\x1b[K")
+            sys.stderr.flush()
+
+    hyps = [h.strip() for h in args.hypotheses.split(",")] if args.hypotheses else None
+    try:
+        t = run_signatures(args.matrix, scenario=args.scenario, overrides=args.set, hypotheses=hyps,
+                           trials=args.trials, seed=args.seed, workers=args.workers, progress=progress)
+    finally:
+        if show:
+            sys.stderr.write("\n")
+    d = t.to_dict()
+    if args.json:
+        _write_json(d, args.json)
+    if args.json != "-":
+        print(format_signatures(d))
+    return 0
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {v}")
+    return v
+
+
+#: what `kvrace run --fail-on` can name
+FAIL_ON = ("corrupt", "race", "oob")
+
+
+def _fail_on(text: str) -> list[str]:
+    import argparse
+
+    kinds = [x.strip() for x in text.split(",") if x.strip() and x.strip() != "none"]
+    bad = [k for k in kinds if k not in FAIL_ON]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expected a comma list of {', '.join(FAIL_ON)} or none, got {bad[0]!r}")
+    return kinds
+
+
+def add_parser(sub, epilog: str) -> None:
+    """Add ``run`` and ``signatures`` to the argparse subparsers ``sub``."""
+    import argparse
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    r = sub.add_parser("run", help="run a scenario through the engine and report corrupted requests",
+                       description="Run a scenario (a shipped preset: `kvrace scenarios`; or a TOML file) "
+                                   "through the prefill engine on the HiCache model and report corrupted requests, "
+                                   "stale and torn reads, races, load-backs and the copy branches taken.",
+                       epilog=epilog, formatter_class=fmt)
+    r.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO,
+                   help=f"a shipped scenario or a scenario TOML file (default {DEFAULT_SCENARIO})")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario key, e.g. --set workload.concurrency=1 (repeatable)")
+    r.add_argument("--seed", type=int, default=None, help="seed (default the scenario's run.seed)")
+    r.add_argument("--json", metavar="PATH|-", help="write the metrics as JSON (- for stdout: no table)")
+    r.add_argument("--export-races", metavar="DIR", help="write a window schedule around each corrupted read")
+    r.add_argument("--export-limit", type=_positive, default=3, metavar="N", help="how many to export (3)")
+    r.add_argument("--fail-on", default=[], type=_fail_on,
+                   help="exit 1 when any of corrupt,race,oob is found (default none: exit 0)")
+    r.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
+                   help="progress bar on stderr (auto: when stderr is a terminal)")
+    r.set_defaults(func=_run)
+    s = sub.add_parser("signatures", help="the A/B signature table: every hypothesis against the observations",
+                       description="Run an A/B matrix (default: the incident's, sim/scenarios/ab/incident.toml) under "
+                                   "every hypothesis and score each against what the deployment observed.",
+                       epilog=epilog, formatter_class=fmt)
+    s.add_argument("matrix", nargs="?", default="incident", help="a shipped A/B matrix or a TOML file (incident)")
+    s.add_argument("--scenario", help="base scenario instead of the matrix's")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
+    s.add_argument("--hypotheses", metavar="A,B,...", help="rows (default every registered hypothesis)")
+    s.add_argument("--trials", type=_positive, default=1, help="seeds per cell (1)")
+    s.add_argument("--seed", type=int, default=0, help="first seed (0)")
+    s.add_argument("--workers", type=_positive, default=None, help="processes (default: every core)")
+    s.add_argument("--json", metavar="PATH|-", help="write the table as JSON (- for stdout)")
+    s.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
+    s.set_defaults(func=_signatures)

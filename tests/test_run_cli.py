@@ -1,0 +1,62 @@
+"""`kvrace run`: the summary, the JSON keys issue 9 names, exit codes, and exported races that
+`kvrace schedule run` takes unchanged."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvrace.cli import main
+
+ARGS = ["run", "glm5-22811-small", "--set", "run.layers=2", "--progress", "never"]
+KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads", "torn_reads",
+        "latent_races", "oob_writes", "load_backs", "branches", "sim_time_s", "wall_time_s")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    rc = main(ARGS + ["--json", str(d / "run.json"), "--export-races", str(d / "races"), "--export-limit", "2",
+                      "--fail-on", "corrupt"])
+    return rc, json.loads((d / "run.json").read_text()), d
+
+
+def test_json_has_the_documented_keys_and_fail_on(exported):
+    rc, doc, _ = exported
+    assert list(doc)[:len(KEYS)] == list(KEYS)
+    assert doc["requests_corrupted"] > 0 and rc == 1
+    assert doc["branches"]["index_k"] and doc["branches"]["latent"]
+
+
+def test_exported_races_rerun_as_schedules_with_the_same_corrupt_read(exported, capsys):
+    _, doc, d = exported
+    paths = doc["exported_races"]
+    assert len(paths) == 2
+    for p, c in zip(paths, doc["corrupted_reads"]):
+        rc = main(["schedule", "run", p, "--json", str(d / "rep.json"), "--fail-on", "none"])
+        assert rc == 0
+        rep = json.loads((d / "rep.json").read_text())
+        statuses = {r["op"]: r["status"] for r in rep["reads"]}
+        assert statuses[c["op"]] == c["status"]
+
+
+def test_summary_table_and_clean_exit(capsys):
+    rc = main(ARGS + ["--set", "variant.gate_map=upstream-0.5.11", "--fail-on", "corrupt,race"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "corrupted requests    0 (0.0 %)" in out and "copy branches" in out
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["run", "glm5-22811-small", "--set", "workload.bogus=1"], "workload"),
+    (["run", "no-such-scenario"], "no-such-scenario"),
+])
+def test_bad_input_exit_2(argv, needle, capsys):
+    assert main(argv + ["--progress", "never"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bad_fail_on_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(ARGS + ["--fail-on", "everything"])
+    assert e.value.code == 2 and "corrupt, race, oob" in capsys.readouterr().err
