@@ -60,7 +60,7 @@ def cached_then_evicted(s: CacheSession, owner: int = 12, n: int = 16):
 # ---------------------------------------------------------------- config
 
 @pytest.mark.parametrize("bad, where, expected", [
-    ({"model": "mha"}, "config.model", "one of ['mla', 'dsa']"),
+    ({"model": "mha"}, "config.model", "one of ['mla', 'dsa', 'deepseek-v4']"),
     ({"model": "dsa", "page_size": 1}, "config.page_size", "64 for model 'dsa'"),
     ({"device_tokens": 30, "page_size": 4}, "config.device_tokens", "multiple of page_size"),
     ({"layout": "page_head"}, "config.layout", "layer_first"),

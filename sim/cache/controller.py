@@ -61,17 +61,28 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.errors import InputError, KvraceError, show
+from sim.pools.device import POOL_ROLE_OF_KIND
 from sim.pools.host import IO_BACKENDS
 
 __all__ = ["CacheOperation", "ControllerError", "EventPoolExhausted", "HiCacheAck", "HiCacheController",
-           "HostEvent", "LayerDoneCounter", "LayerLoadingEvent", "ProducerSlotBusy", "SettleRequired",
-           "WRITE_POLICIES", "IO_BACKENDS"]
+           "HostEvent", "LayerDoneCounter", "LayerLoadingEvent", "ProducerSlotBusy", "ROUTINE_BRANCHES",
+           "SettleRequired", "WRITE_POLICIES", "IO_BACKENDS"]
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 #: ``LayerDoneCounter.num_counters`` ("extra producer and consumer counters for overlap mode")
 NUM_PRODUCER_SLOTS = 3
 #: default number of (start, finish) write-event name pairs a run declares
 DEFAULT_WRITE_EVENT_POOL = 64
+#: copy routine -> (granularity, path) of the branch it is: ``page`` (whole pages or token
+#: rows addressed by the pool's own unit) or ``token`` (the warp-per-token
+#: ``transfer_cache_dsv4_mla`` on raw indices); ``kernel`` (a GPU kernel) or ``direct``
+#: (host-issued memcpys)
+ROUTINE_BRANCHES = {
+    "kernel_per_layer": ("page", "kernel"), "kernel_all_layer": ("page", "kernel"),
+    "dsa_indexer_per_layer": ("page", "kernel"), "staged_all_layer_lf_pf": ("page", "kernel"),
+    "direct_per_layer": ("page", "direct"), "direct_page_first": ("page", "direct"),
+    "dsv4_token": ("token", "kernel"),
+}
 
 
 class ControllerError(KvraceError, RuntimeError):
@@ -277,7 +288,8 @@ class HiCacheController:
     def __init__(self, token_to_kv_pool_allocator, mem_pool_host, page_size: int, *, host, load_stream: str,
                  write_stream: str, current_stream: str = "schedule", write_policy: str = "write_through",
                  io_backend: str = "kernel", load_fence_stream: str | None = None,
-                 write_event_pool: int = DEFAULT_WRITE_EVENT_POOL, name: str = "hicache"):
+                 write_event_pool: int = DEFAULT_WRITE_EVENT_POOL, name: str = "hicache",
+                 backup_pools=None):
         if write_policy not in WRITE_POLICIES:
             raise InputError("write_policy", f"Invalid write policy: expected one of {list(WRITE_POLICIES)}, "
                              f"got {show(write_policy)}")
@@ -325,6 +337,20 @@ class HiCacheController:
                 raise InputError("streams", f"stream {show(s)} is not declared in the run's header; expected one "
                                  f"of {show(sorted(host._ex.builder.streams))}")
         self.layer_done_counter = LayerDoneCounter(self, self.layer_num)
+        #: device buffer name -> pool role (``sim.pools.device.POOL_ROLE_OF_KIND``)
+        self._role_of: dict[str, str] = {}
+        self._learn_roles(self.mem_pool_device)
+        roles = set(self._role_of.values())
+        if backup_pools is not None:
+            backup_pools = frozenset(backup_pools)
+            unknown = sorted(backup_pools - roles)
+            if unknown:
+                raise InputError("backup_pools", f"expected pool roles of the device pool {sorted(roles)}, "
+                                 f"got {show(unknown)}")
+        #: pool roles whose copies backups and loads issue (None: every pool, as SGLang)
+        self.backup_pools = backup_pools
+        #: {pool role: {copy routine: copy ops issued}} (see :attr:`branches`)
+        self._branches: dict[str, dict[str, int]] = {}
 
     # ---------------------------------------------------------------- names
     @staticmethod
@@ -451,6 +477,7 @@ class HiCacheController:
         self.has_draft = True
         self.mem_pool_device_draft = draft_device_pool
         self.mem_pool_host_draft = draft_host_pool
+        self._learn_roles(draft_device_pool)
 
     # ---------------------------------------------------------------- operations
     def _new_id(self) -> int:
@@ -502,6 +529,25 @@ class HiCacheController:
         raise InputError("io_backend", f"Unsupported layout {layout!r} for io backend 'direct'; expected "
                          "'layer_first' or 'page_first_direct'")
 
+    def _learn_roles(self, device_pool) -> None:
+        kind_of = getattr(device_pool, "kind_of", None)
+        if kind_of is None:
+            return
+        for name in getattr(device_pool, "layouts", {}):
+            self._role_of[name] = POOL_ROLE_OF_KIND.get(kind_of(name), kind_of(name))
+
+    def role_of(self, buffer: str) -> str | None:
+        """The pool role of a device buffer of this controller's pools (None: not one)."""
+        return self._role_of.get(buffer)
+
+    @property
+    def branches(self) -> dict[str, dict[str, int]]:
+        """Per device pool role, per copy routine, the copy ops this controller issued (loads
+        and backups; a pool left out by ``backup_pools`` issues none).  The routine names
+        the branch: :data:`ROUTINE_BRANCHES` gives its granularity (page / token) and path
+        (kernel / direct).  A fresh, sorted copy."""
+        return {r: dict(sorted(v.items())) for r, v in sorted(self._branches.items())}
+
     def _copy_ops(self, ops: list[dict], stream: str, tag: str) -> None:
         for j, d in enumerate(ops):
             if not isinstance(d, dict) or d.get("op") != "copy":
@@ -509,7 +555,15 @@ class HiCacheController:
             if {"stream", "host", "id"} & set(d):
                 raise InputError("mem_pool_host", "a pool's copy ops must not carry stream, host or id "
                                  "(the controller adds them)")
+            role = self._role_of.get(d["dst"]) or self._role_of.get(d["src"])
+            if self.backup_pools is not None and role is not None and role not in self.backup_pools:
+                # NOTE: SGLang #17085: a pool the host group does not carry is never copied either
+                # way; its device bytes after a load-back are the slots' previous contents
+                continue
             self._issue({**d, "stream": stream, "id": f"{tag}.copy{j}"})
+            if role is not None:
+                per = self._branches.setdefault(role, {})
+                per[d["routine"]] = per.get(d["routine"], 0) + 1
 
     def start_writing(self) -> None:
         """Issue one backup for every queued write (merged): start event on the current

@@ -71,7 +71,7 @@ class HiRadixCache(RadixCache):
 
     def __init__(self, params: CacheInitParams, cache_controller, *, write_policy: Optional[str] = None,
                  load_back_threshold: int = 10, all_reduce_min: Optional[Callable[[int], int]] = None,
-                 pp_rank: int = 0, clock=None):
+                 pp_rank: int = 0, clock=None, host_lock_during_load: bool = True):
         policy = cache_controller.write_policy
         if policy not in WRITE_POLICIES:
             raise InputError("cache_controller.write_policy", f"expected one of {list(WRITE_POLICIES)}, got {show(policy)}")
@@ -100,6 +100,11 @@ class HiRadixCache(RadixCache):
         self.prefetch_loaded_tokens_by_reqid: dict = {}
         self.write_through_threshold = 1 if policy == "write_through" else 2
         self.load_back_threshold = load_back_threshold
+        if not isinstance(host_lock_during_load, bool):
+            raise InputError("host_lock_during_load", f"expected true or false, got {show(host_lock_during_load)}")
+        #: the incident's switch (docs/hicache.md, "Controller switches"): False drops the lock
+        #: ``load_back`` holds on the loaded path until ``loading_check``
+        self.host_lock_during_load = host_lock_during_load
         self.evictable_host_leaves: set = set()
         super().__init__(params, clock=clock)
 
@@ -246,7 +251,8 @@ class HiRadixCache(RadixCache):
             finish_event.synchronize()
             for ack_id in ack_list:
                 end_node = self.ongoing_load_back.pop(ack_id)
-                self.dec_lock_ref(end_node)
+                if self.host_lock_during_load:
+                    self.dec_lock_ref(end_node)
             finish_count -= 1
 
     def is_load_back_event_done(self, consumer_index: int) -> bool:
@@ -300,7 +306,13 @@ class HiRadixCache(RadixCache):
             n.value = device_indices[offset: offset + len(n.host_value)].copy()
             offset += len(n.host_value)
         self.evictable_size_ += len(device_indices)
-        self.inc_lock_ref(last_hit_node)
+        if self.host_lock_during_load:
+            # NOTE: this lock is all that keeps an in-flight load's host slots alive in 0.5.14:
+            # evict_host skips nodes that are on the device, and the lock keeps the loaded path
+            # on the device until loading_check (PR #26728 proposed an explicit host lock).
+            # Without it a device eviction can evict the path again mid-load, and evict_host
+            # then frees (and a backup reuses) host slots the H2D copy is still reading.
+            self.inc_lock_ref(last_hit_node)
         return device_indices
 
     def init_load_back(self, params: InitLoadBackParams):

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -39,18 +40,33 @@ from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCac
 from sim.errors import InputError, KvraceError, check_keys, show
 from sim.executor import Executor, Host, RunResult, TieBreak
 from sim.pools import (
-    DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost, PagedTokenToKVPoolAllocator,
-    TokenToKVPoolAllocator, resolve_layout_io_compatibility,
+    DeepSeekV4TokenToKVPool, DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost,
+    PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, resolve_layout_io_compatibility,
 )
-from sim.pools.host import IO_BACKENDS
-from sim.pools.layouts import DSA_PAGE_SIZE, HOST_LAYOUTS
+from sim.pools.device import DEEPSEEK_V4_FLASH_LAYERS, deepseek_v4_flash_ratios
+from sim.pools.host import IO_BACKENDS, PARTIAL_PAGE_MODES
+from sim.pools.layouts import DSA_PAGE_SIZE, HOST_LAYOUTS, INDEX_HEAD_DIM, INDEX_SCALE_BYTES
 from sim.profile import load_profile
 from sim.schedule import ScheduleBuilder
 
-__all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "STREAMS", "HOST"]
+__all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "MODEL_ROLES", "SWITCH_MODELS", "STREAMS",
+           "HOST"]
 
 #: model families: the device pool classes of ``sim.pools`` a session can build
-MODELS = ("mla", "dsa")
+MODELS = ("mla", "dsa", "deepseek-v4")
+#: per model, the device pool roles it has (``sim.pools.device.POOL_ROLE_OF_KIND``): what
+#: ``backup_pools`` may list (a V4 model cut to layers without C128 has no ``c128`` pool)
+MODEL_ROLES = MappingProxyType({"mla": ("latent",), "dsa": ("latent", "index_k"),
+                                "deepseek-v4": ("swa", "c4", "index_k", "c128")})
+#: the models each controller switch applies to (docs/hicache.md, "Controller switches")
+SWITCH_MODELS = MappingProxyType({
+    "index_k_partial_pages": ("deepseek-v4",), "index_k_host_bytes_per_entry": ("dsa", "deepseek-v4"),
+    "host_lock_during_load": MODELS, "backup_pools": MODELS,
+})
+#: the page size SGLang forces per model (None: any)
+MODEL_PAGE_SIZE = MappingProxyType({"mla": None, "dsa": DSA_PAGE_SIZE, "deepseek-v4": DeepSeekV4TokenToKVPool.PAGE_SIZE})
+#: bytes per entry of the fp8 index-K page (128 B key + 4 B scale), the DSA and V4 device default
+FP8_INDEX_K_ENTRY_BYTES = INDEX_HEAD_DIM + INDEX_SCALE_BYTES
 #: the run's streams: the scheduler's current stream in overlap mode, the forward stream,
 #: the controller's load and write streams
 STREAMS = ("schedule", "forward", "load", "write")
@@ -65,8 +81,18 @@ class SessionClosed(KvraceError, RuntimeError):
 class SessionConfig:
     """A session's configuration (every key optional; defaults are SGLang's where it has one).
 
-    * ``model``: ``"mla"`` (``MLATokenToKVPool``, latent rows) or ``"dsa"``
-      (``DSATokenToKVPool``: fp8 latent plus the index-K sidecar, page size 64).
+    * ``model``: ``"mla"`` (``MLATokenToKVPool``, latent rows), ``"dsa"``
+      (``DSATokenToKVPool``: fp8 latent plus the index-K sidecar, page size 64) or
+      ``"deepseek-v4"`` (``DeepSeekV4TokenToKVPool`` of DeepSeek V4-Flash's first ``layers``
+      layers: SWA, C4 latent, C4 indexer index-K, C128 latent; page size 256; ``layers``
+      3..43, the first C4 layer being layer 2; docs/pools.md "DeepSeek V4 in a session").
+    * ``index_k_dtype`` (``"fp8"``): ``"bf16"`` is the incident's fork (V4 only): the C4
+      indexer stores 256 B bf16 rows per compressed token.
+    * The incident's controller switches (docs/hicache.md, "Controller switches"; each
+      refused with an InputError for a model it does not apply to, :data:`SWITCH_MODELS`):
+      ``index_k_partial_pages`` (``"page_aligned"``; ``"dsv4_token"``),
+      ``index_k_host_bytes_per_entry`` (0: the device's), ``host_lock_during_load`` (True),
+      ``backup_pools`` (None: every pool; else a list of pool roles, :data:`MODEL_ROLES`).
     * ``layers``: layers of the device pool (4); ``page_size`` (1; DSA needs 64);
       ``device_tokens``: device pool size in tokens (256).
     * ``hicache_ratio`` (2.0) / ``hicache_size`` (GB per rank, 0: use the ratio): host pool
@@ -104,11 +130,19 @@ class SessionConfig:
     seed: int = 0
     ties: str = "fifo"
     materialise: bool = True
+    index_k_dtype: str = "fp8"
+    index_k_partial_pages: str = "page_aligned"
+    index_k_host_bytes_per_entry: int = 0
+    host_lock_during_load: bool = True
+    backup_pools: frozenset | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SessionConfig":
         d = dict(d or {})
         check_keys(d, list(cls.__dataclass_fields__), "config")
+        bp = d.get("backup_pools")
+        if isinstance(bp, (list, tuple, set, frozenset)) and all(isinstance(r, str) for r in bp):
+            d["backup_pools"] = frozenset(bp)
         c = cls(**d)
         c.validate()
         return c
@@ -126,9 +160,13 @@ class SessionConfig:
 
         need(self.model in MODELS, "model", f"one of {list(MODELS)}")
         need(is_int(self.layers, 1), "layers", "an integer >= 1")
+        need(self.model != "deepseek-v4" or 3 <= self.layers <= DEEPSEEK_V4_FLASH_LAYERS, "layers",
+             f"an integer in 3..{DEEPSEEK_V4_FLASH_LAYERS} for model 'deepseek-v4' (layers 0-1 are sliding-window "
+             "only; the first C4 layer, which the V4 pools need, is layer 2)")
         need(is_int(self.page_size, 1), "page_size", "an integer >= 1")
-        need(self.model != "dsa" or self.page_size == DSA_PAGE_SIZE, "page_size",
-             f"{DSA_PAGE_SIZE} for model 'dsa' (SGLang forces it)")
+        forced = MODEL_PAGE_SIZE[self.model]
+        need(forced is None or self.page_size == forced, "page_size",
+             f"{forced} for model {self.model!r} (SGLang forces it)")
         need(is_int(self.device_tokens, 1) and self.device_tokens % self.page_size == 0, "device_tokens",
              f"an integer >= 1 that is a multiple of page_size ({self.page_size})")
         need(is_num(self.hicache_ratio) and self.hicache_ratio > 0, "hicache_ratio", "a number > 0")
@@ -146,6 +184,33 @@ class SessionConfig:
         need(isinstance(self.profile, str) and self.profile, "profile", "a profile name or a TOML path")
         need(is_int(self.seed), "seed", "an integer >= 0")
         need(self.ties in ("fifo", "seeded"), "ties", "'fifo' or 'seeded'")
+        need(self.model != "deepseek-v4" or self.hicache_size == 0, "hicache_size",
+             "0 for model 'deepseek-v4' (SGLang's V4 HiCache does not support --hicache-size; use hicache_ratio)")
+        need(self.index_k_dtype in ("fp8", "bf16"), "index_k_dtype", "'fp8' or 'bf16'")
+        need(self.index_k_dtype == "fp8" or self.model == "deepseek-v4", "index_k_dtype",
+             "'fp8' for models other than 'deepseek-v4' (the bf16 index-K is the V4 fork's; SGLang has no host "
+             "pool for a bf16 DSA index-K)")
+        need(self.index_k_partial_pages in PARTIAL_PAGE_MODES, "index_k_partial_pages",
+             f"one of {sorted(PARTIAL_PAGE_MODES)}")
+        need(is_int(self.index_k_host_bytes_per_entry), "index_k_host_bytes_per_entry",
+             "an integer >= 0 (0: the device's row)")
+        need(isinstance(self.host_lock_during_load, bool), "host_lock_during_load", "true or false")
+        roles = MODEL_ROLES.get(self.model, ())
+        need(self.backup_pools is None or (isinstance(self.backup_pools, frozenset)
+                                           and self.backup_pools <= set(roles)),
+             "backup_pools", f"a list of pool roles of model {self.model!r}, some of {list(roles)}")
+        # switches away from their defaults only where they mean something
+        defaults = {"index_k_partial_pages": "page_aligned", "index_k_host_bytes_per_entry": 0,
+                    "host_lock_during_load": True, "backup_pools": None}
+        for key, default in defaults.items():
+            if getattr(self, key) != default and self.model not in SWITCH_MODELS[key]:
+                raise InputError(f"config.{key}", f"expected {show(default)} for model {self.model!r}: the switch "
+                                 f"applies to models {list(SWITCH_MODELS[key])}, got {show(getattr(self, key))}")
+        need(self.model != "dsa" or self.index_k_host_bytes_per_entry in (0, FP8_INDEX_K_ENTRY_BYTES),
+             "index_k_host_bytes_per_entry",
+             f"0 or {FP8_INDEX_K_ENTRY_BYTES} for model 'dsa' (its device index-K is fp8 pages of "
+             f"{FP8_INDEX_K_ENTRY_BYTES} B an entry, so the host mirrors it; a different host stride is the V4 "
+             "fork's case, model 'deepseek-v4')")
 
 
 class _Settled:
@@ -217,13 +282,20 @@ class CacheSession:
             self.allocator, self.host_pool, cfg.page_size, host=self.host, load_stream="load",
             write_stream="write", current_stream=current, write_policy=cfg.write_policy,
             io_backend=cfg.io_backend, load_fence_stream="forward" if cfg.load_fence else None,
-            write_event_pool=cfg.write_event_pool)
+            write_event_pool=cfg.write_event_pool,
+            backup_pools=None if cfg.backup_pools is None else cfg.backup_pools & set(self.roles))
         self.tree = self._tree(cfg)
         self.cache = _Settled(self, self.tree) if self.tree is not None else None
         self._result: RunResult | None = None
 
     @staticmethod
     def _pools(cfg: SessionConfig):
+        if cfg.model == "deepseek-v4":
+            dev = DeepSeekV4TokenToKVPool(cfg.device_tokens, cfg.page_size, deepseek_v4_flash_ratios(cfg.layers),
+                                          bf16_index_k=cfg.index_k_dtype == "bf16", with_swa=True)
+            return dev, HostPoolGroup.for_deepseek_v4(
+                dev, cfg.hicache_ratio, cfg.layout, index_k_host_bytes_per_entry=cfg.index_k_host_bytes_per_entry,
+                index_k_partial_pages=cfg.index_k_partial_pages)
         if cfg.model == "dsa":
             dev = DSATokenToKVPool(cfg.device_tokens, cfg.page_size, cfg.layers)
             return dev, HostPoolGroup.for_dsa(dev, cfg.hicache_ratio, cfg.hicache_size, cfg.layout)
@@ -236,7 +308,8 @@ class CacheSession:
         from sim.cache.records import CacheInitParams
 
         return HiRadixCache(CacheInitParams(page_size=cfg.page_size), self.controller,
-                            load_back_threshold=cfg.load_back_threshold)
+                            load_back_threshold=cfg.load_back_threshold,
+                            host_lock_during_load=cfg.host_lock_during_load)
 
     # ---------------------------------------------------------------- time
     @property
@@ -299,6 +372,33 @@ class CacheSession:
         self.settle()
         self._block(self.host.synchronize())
 
+    # ---------------------------------------------------------------- pools
+    @property
+    def roles(self) -> dict[str, str]:
+        """Device buffer name -> its pool role (``device_pool.role_of``: ``latent``,
+        ``index_k``, ``swa``, ``c4``, ``c128``), in declaration order."""
+        return {name: self.device_pool.role_of(name) for name in self.device_pool.layouts}
+
+    def entries_of(self, buffer: str, token_slots) -> np.ndarray:
+        """The entries of device ``buffer``'s layout that hold the KV of the full pool's
+        ``token_slots`` (``device_pool.entries_of``): what a kernel reading those tokens
+        reads, to pass to ``layout.token_extents``.  Latent, DSA index-K and V4 SWA: the
+        slots themselves; V4 C4 / C4 indexer / C128: ``slot // r`` of each slot that
+        completes its group of ``r`` = 4 / 4 / 128 raw tokens."""
+        return self.device_pool.entries_of(buffer, token_slots)
+
+    def model_layers_of(self, buffer: str) -> list[int]:
+        """The model layers owning a slice of device ``buffer``, in its pool-layer order
+        (a V4 C4 buffer's layer k is model layer ``model_layers_of(buf)[k]``)."""
+        return self.device_pool.model_layers_of(buffer)
+
+    @property
+    def branches(self) -> dict[str, dict[str, int]]:
+        """Per device pool role, per copy routine, the copy ops the controller has issued
+        (``controller.branches``; ``sim.cache.controller.ROUTINE_BRANCHES`` tells page from
+        token granular and kernel from direct)."""
+        return self.controller.branches
+
     # ---------------------------------------------------------------- device work
     def _kv_buffers(self) -> list[str]:
         return list(self.device_pool.layouts)
@@ -306,8 +406,10 @@ class CacheSession:
     def store_kv(self, device_indices, owner: int, *, layers=None, version: int = 1, stream: str = "forward",
                  sync: bool = True) -> list[str]:
         """The forward pass writes request ``owner``'s KV into ``device_indices``: one
-        ``write`` op per layer (``layers``: default all) and device buffer of the pool, on
-        ``stream``.  A buffer whose unit is a page (DSA index-K) gets each touched page.
+        ``write`` op per model layer (``layers``: default all) and device buffer of the pool
+        that layer owns a slice of, on ``stream``.  A buffer's units are the entries
+        :meth:`entries_of` gives; a buffer whose unit is a page (DSA index-K, every V4
+        buffer) gets each touched page (no op where the slots complete no entry).
 
         ``sync`` (default): the scheduler then waits for ``stream`` (a recorded
         ``host_sync``), as SGLang's scheduler waits for a batch's results
@@ -320,29 +422,40 @@ class CacheSession:
         idx = np.asarray(device_indices, dtype=np.int64).reshape(-1)
         if idx.size == 0:
             raise InputError("device_indices", "expected at least one device slot")
-        layers = range(self.device_pool.layer_num) if layers is None else layers
+        dp = self.device_pool
+        start = dp.start_layer
+        wanted = range(start, start + dp.layer_num) if layers is None else [start + int(x) for x in layers]
         ids = []
-        for name, lay in self.device_pool.layouts.items():
-            units = idx if lay.entries_per_page == 1 else np.unique(idx // lay.entries_per_page)
-            for layer in layers:
-                ids.append(self.host.issue({"op": "write", "stream": stream, "buffer": name, "layer": int(layer),
-                                            "units": units.tolist(), "owner": int(owner),
-                                            "version": int(version)}))
+        for name, lay in dp.layouts.items():
+            ent = dp.entries_of(name, idx)
+            units = ent if lay.entries_per_page == 1 else np.unique(ent // lay.entries_per_page)
+            if units.size == 0:
+                continue
+            pool_layer = {m: k for k, m in enumerate(dp.model_layers_of(name))}
+            for layer in wanted:
+                if layer not in pool_layer:
+                    continue
+                ids.append(self.host.issue({"op": "write", "stream": stream, "buffer": name,
+                                            "layer": pool_layer[layer], "units": units.tolist(),
+                                            "owner": int(owner), "version": int(version)}))
         if sync:
             self._block(self.host.synchronize(stream=stream))
         return ids
 
     def read(self, buffer: str, layer: int, units, *, stream: str = "forward", gate: int | None = None,
              id: str | None = None) -> str:
-        """A kernel on ``stream`` reads ``units`` of ``buffer`` at ``layer``; with ``gate`` (a
-        producer slot from ``start_loading``), first ``set_consumer(gate)`` and
-        ``wait_until(layer)`` on ``stream`` (the gated accessor).  Returns the read's op id."""
+        """A kernel on ``stream`` reads ``units`` of ``buffer`` at ``layer`` (the buffer's own
+        layer: for a V4 C4/C128 buffer its compress layer id); with ``gate`` (a producer slot
+        from ``start_loading``), first ``set_consumer(gate)`` and ``wait_until`` of the model
+        layer owning that slice (:meth:`model_layers_of`) on ``stream`` (the gated accessor).
+        Returns the read's op id."""
         self._open()
         self.settle()
         if gate is not None:
             counter = self.controller.layer_done_counter
             counter.set_consumer(gate)
-            counter.wait_until(layer - self.device_pool.start_layer, stream)
+            model_layer = self.device_pool.model_layers_of(buffer)[int(layer)]
+            counter.wait_until(model_layer - self.device_pool.start_layer, stream)
         op = {"op": "read", "stream": stream, "buffer": buffer, "layer": int(layer),
               "units": np.asarray(units, dtype=np.int64).reshape(-1).tolist()}
         if id is not None:
