@@ -1,0 +1,121 @@
+"""What an order of a race model leaves: every read's bytes and every buffer's final bytes.
+
+An order (a sequence of the model's nodes) is applied to a fresh
+:class:`~sim.memory.Memory` with the executor's own functions (``apply_copy`` for a copy's
+node, ``write_units`` for a write; a read captures views of its bytes), so the bytes are
+exactly what the executor would hold had the same steps landed in that order.
+
+An **outcome** is what the order leaves, compared by provenance: each read's
+``sim.verdicts.read_digest`` (its bytes as (origin, unit, offset) runs) and each buffer's
+provenance digest (``CompactBuffer.provenance_digest``: equal provenance, equal bytes).
+Two orders with one outcome are one outcome whatever their traces.  Each read is judged
+against the happens-before-order execution (``run_reference``) by
+``sim.verdicts.read_entry``: ``ok``, ``stale``, ``torn`` (or ``indeterminate`` where an
+intra-launch race leaves bytes undetermined, as the verdicts say), so the statuses are the
+verdicts' own.
+"""
+from __future__ import annotations
+
+import copy as _copy
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.executor import ReadCapture, run_reference
+from sim.explore.model import RaceModel
+from sim.hb import indeterminate_read_bytes
+from sim.memory import Memory
+from sim.verdicts import read_digest, read_entry
+
+__all__ = ["Evaluation", "Evaluator", "outcome_key"]
+
+
+@dataclass
+class Evaluation:
+    """One evaluated order: its memory at the end, its reads (in order of their ops) and
+    its outcome key."""
+
+    memory: Memory
+    reads: list[ReadCapture]
+    key: tuple
+
+
+def outcome_key(reads, memory: Memory) -> tuple:
+    """(read digests by read op index, buffer provenance digests by name): equal for two
+    executions that leave the same bytes everywhere it looks."""
+    r = tuple(sorted((c.index, read_digest(c)) for c in reads))
+    b = tuple((name, memory.compact[name].provenance_digest()) for name in sorted(memory.compact))
+    return r, b
+
+
+def key_id(key: tuple) -> str:
+    """A short stable name of an outcome key (12 hex digits of its sha256)."""
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:12]
+
+
+class Evaluator:
+    """Applies orders of one model; holds the reference (happens-before order) run."""
+
+    def __init__(self, model: RaceModel):
+        self.model = model
+        s = model.schedule
+        self.s = s
+        self.reference = run_reference(s, materialise=False)
+        self.ref_reads = {r.op_id: r for r in self.reference.reads}
+        self.indeterminate = indeterminate_read_bytes(s)
+        self._initial = Memory(s.buffers, materialise=False)
+
+    def fresh_memory(self, materialise: bool = False) -> Memory:
+        if materialise:
+            return Memory(self.s.buffers, materialise=True)
+        # NOTE: a deep copy of the initial compact memory is cheaper than re-applying every
+        # init fill (a cut window can start with hundreds of segments)
+        return _copy.deepcopy(self._initial)
+
+    def run(self, order: list[int], materialise: bool = False) -> Evaluation:
+        """Apply the nodes of ``order`` (node ids) one after the other."""
+        s, nodes = self.s, self.model.nodes
+        mem = self.fresh_memory(materialise)
+        reads = []
+        for nid in order:
+            node = nodes[nid]
+            op = s.ops[node.op]
+            if op.op == "copy":
+                mem.apply_copy(op.src, op.dst, node.clipped)
+            elif op.op == "write":
+                offs, lens = op.extents
+                mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+            else:
+                offs, lens = op.extents
+                views = [mem.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)]
+                reads.append(ReadCapture(op.id, op.index, op.stream, op.buffer, float(len(reads)), offs, lens,
+                                         views))
+        reads.sort(key=lambda r: r.index)
+        return Evaluation(mem, reads, outcome_key(reads, mem))
+
+    def judge(self, ev: Evaluation) -> list[dict]:
+        """Each read's verdict entry (``sim.verdicts.read_entry``) against the reference."""
+        out = []
+        for r in ev.reads:
+            e = read_entry(r, self.ref_reads[r.op_id], self.s.buffers[r.buffer].layout,
+                           self.indeterminate.get(r.index))
+            e.pop("time_us", None)
+            e.pop("copies_in_flight", None)
+            out.append(e)
+        return out
+
+    def buffers_differing(self, ev: Evaluation) -> list[str]:
+        """Buffers whose final provenance differs from the happens-before order's."""
+        ref = self.reference.memory.compact
+        return [name for name in sorted(ev.memory.compact)
+                if ev.memory.compact[name].provenance_digest() != ref[name].provenance_digest()]
+
+    def digests(self, ev: Evaluation) -> dict[str, str]:
+        """Final buffer digests (``Memory.digest``: sha256 of the bytes, what a GPU run gives)."""
+        return {name: ev.memory.digest(name) for name in sorted(ev.memory.compact)}
+
+
+def read_bytes(ev: Evaluation) -> dict[str, np.ndarray]:
+    """Each read's bytes (materialised)."""
+    return {r.op_id: r.bytes() for r in ev.reads}
