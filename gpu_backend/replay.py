@@ -21,6 +21,15 @@ In both modes the guards are held against the simulator's predicted out-of-bound
 buffer (``oob_detected``).  ``replay`` returns one JSON-serialisable dict; ``cli_replay`` is the
 ``kvrace replay`` command (exit 0 when everything agreed, 1 when something did not, 2 when the
 schedule cannot be replayed: a ReplayError or a routine the provider does not support).
+
+**Traces** (``kvrace replay --trace FILE``): ``replay_trace(schedule, report)`` rebuilds, from a
+replay's report alone (no GPU: a committed ``results/*/*.json`` will do), the simulated run it
+was held against and the GPU's measured timeline (``sim.trace.measured_timeline``), and puts both
+in one Chrome trace-event document (``sim.trace.combined_trace``): Perfetto shows the simulated
+tracks above the measured ones on one time axis.  Controlled mode times the controlled
+schedule's ops (its split copies included); free mode times one extra run after the trials,
+made only when ``replay(..., timeline=True)`` (the trials themselves are never timed: CUDA
+events between ops would change the interleavings they measure).
 """
 from __future__ import annotations
 
@@ -32,6 +41,7 @@ import numpy as np
 from gpu_backend.compare import (compare_read, first_mismatch, gpu_expected_bytes, mismatch_text,
                                  oob_agreement, predicted_oob, wilson_interval)
 from gpu_backend.providers.base import ProviderError
+from sim.errors import InputError
 from sim.executor import TieBreak, run_reference, run_schedule
 from sim.profile import Profile, load_profile
 from sim.replay import ReplayError, controlled_schedule, plausible_words, possible_provenance
@@ -81,12 +91,15 @@ def simulate_stale(schedule: Schedule, profile, *, seeds: int = 200, seed: int =
 
 
 def replay(schedule: Schedule, provider, mode: str = "controlled", *, profile="h200", trials: int = 100,
-           seed: int = 0, sim_seeds: int = 200, make_runner=None, guard_bytes: int | None = None) -> dict:
+           seed: int = 0, sim_seeds: int = 200, make_runner=None, guard_bytes: int | None = None,
+           timeline: bool = False) -> dict:
     """Replay ``schedule`` on the GPU (see the module doc); returns the JSON report.
 
     ``provider`` is a provider or its name.  ``make_runner(schedule, provider, guard_bytes=...)``
     returns an object whose ``run(timings=, final=, guards=)`` gives a ``GpuRun`` (default:
-    ``gpu_backend.runner.GpuSchedule``); tests inject a fake one.
+    ``gpu_backend.runner.GpuSchedule``); tests inject a fake one.  ``timeline``: in free mode,
+    one more run after the trials, timed, kept as ``report["timed_run"]`` (``replay_trace``
+    draws it; controlled mode always keeps its timings).
     Raises ReplayError (controlled mode) and ProviderError (unsupported routine)."""
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
@@ -96,7 +109,8 @@ def replay(schedule: Schedule, provider, mode: str = "controlled", *, profile="h
     if mode == "controlled":
         rep = _controlled(schedule, provider, prof, seed, make_runner, guard_bytes)
     else:
-        rep = _free(schedule, provider, prof, trials, seed, sim_seeds, make_runner, guard_bytes)
+        rep = _free(schedule, provider, prof, trials, seed, sim_seeds, make_runner, guard_bytes, timeline)
+    rep["seed"] = seed                # replay_trace rebuilds the simulated run (and controlled schedule) from it
     rep["wall_s"] = round(time.perf_counter() - t_start, 3)
     return rep
 
@@ -150,7 +164,7 @@ def _controlled(s, provider, prof, seed, make_runner, guard_bytes) -> dict:
     return rep
 
 
-def _free(s, provider, prof, trials, seed, sim_seeds, make_runner, guard_bytes) -> dict:
+def _free(s, provider, prof, trials, seed, sim_seeds, make_runner, guard_bytes, timeline=False) -> dict:
     if trials < 1:
         raise ValueError(f"trials: expected >= 1, got {trials}")
     ref = run_reference(s)
@@ -227,8 +241,97 @@ def _free(s, provider, prof, trials, seed, sim_seeds, make_runner, guard_bytes) 
         "oob_trials_agreeing": oob_runs_agreeing,
         "gate_timeouts": gate_timeouts,
     })
+    if timeline:
+        rep["timed_run"] = _timed_free_run(runner, ref, expected, states)
     rep["ok"] = rep["implausible_words"] == 0 and rep["oob_agree"]
     return rep
+
+
+def _timed_free_run(runner, ref, expected, states) -> dict:
+    """One more free run, its ops timed: each read ``clean`` (the happens-before order's bytes),
+    ``stale`` (other bytes, every word plausible) or ``implausible``."""
+    gpu = runner.run(timings=True, final=False, guards=False)
+    reads = {}
+    for cap in ref.reads:
+        obs = gpu.reads[cap.op_id]
+        if np.array_equal(obs, expected[cap.op_id]):
+            reads[cap.op_id] = "clean"
+        else:
+            reads[cap.op_id] = "stale" if plausible_words(obs, states[cap.op_id]).all() else "implausible"
+    return {"timings_us": {k: [round(a, 3), round(b, 3)] for k, (a, b) in gpu.timings_us.items()}, "reads": reads}
+
+
+# ---------------------------------------------------------------- traces
+
+def replay_timelines(schedule: Schedule, rep: dict, *, profile=None, seed: int | None = None) -> list:
+    """``[(label, simulated Timeline), (label, measured Timeline)]`` of a replay report.
+
+    The simulated run is the one the replay was held against: controlled mode, the item-atomic
+    run (``torn=False``) whose interleaving was forced; free mode, one seeded run (seeded ties,
+    torn items).  ``profile`` and ``seed`` default to the report's (a report without a seed,
+    made before it was recorded, used the default 0).  The measured timeline is the controlled
+    schedule's timed run (controlled mode) or ``rep["timed_run"]`` (free mode); each read is
+    marked with what the GPU saw: in controlled mode the predicted status when its bytes matched
+    the prediction, ``mismatch`` otherwise; in free mode ``clean``, ``stale`` or ``mismatch``
+    (an implausible word).  Raises InputError when the report cannot be drawn (another
+    schedule, a free-mode report without a timed run, timings the rebuilt controlled schedule
+    does not have)."""
+    from sim.trace import measured_timeline, timeline
+    from sim.verdicts import analyse
+
+    where = "replay report"
+    if rep.get("kvrace_replay") != 1 or rep.get("mode") not in MODES:
+        raise InputError(where, f"expected a kvrace replay report (kvrace_replay: 1, mode in {MODES})")
+    if rep.get("schedule_digest") not in (None, schedule.digest()):
+        raise InputError(where, f"it replayed schedule {rep.get('schedule')!r} with another digest; expected a "
+                         f"report of {schedule.name!r} as it is now")
+    prof = _profile(profile if profile is not None else rep.get("profile", "h200"))
+    seed = rep.get("seed", 0) if seed is None else seed
+    measured_label = f"measured on {rep.get('device', 'GPU')} ({rep.get('provider')}, {rep['mode']})"
+    if rep["mode"] == "controlled":
+        run = run_schedule(schedule, prof, torn=False, seed=seed)
+        sim_rep = analyse(run)
+        gpu_schedule = validate(controlled_schedule(schedule, run))
+        timings = rep.get("timings_us") or {}
+        predicted = {r["op"]: ("clean" if r["status"] == "ok" else r["status"]) for r in sim_rep["reads"]}
+        statuses = {}
+        for r in rep.get("reads", []):
+            want = predicted.get(r["op"], "clean")
+            shown = "clean" if want == "clean" else want.upper()
+            statuses[r["op"]] = ((want, f"{shown} read {r['op']}: GPU bytes equal the prediction")
+                                 if r["match"] else
+                                 ("mismatch", f"MISMATCH read {r['op']}: {r['bytes_differing']} bytes differ from "
+                                  "the prediction"))
+        sim_label = f"simulated ({prof.name}, seed {seed}, item-atomic: the forced interleaving)"
+    else:
+        if "timed_run" not in rep:
+            raise InputError(where, "a free-mode report has no timed run; expected one made with --trace "
+                             "(replay(..., timeline=True))")
+        run = run_schedule(schedule, prof, seed=seed, ties=TieBreak("seeded", seed=seed))
+        sim_rep = analyse(run)
+        gpu_schedule = schedule
+        timings = rep["timed_run"]["timings_us"]
+        words = {"clean": "clean read {}", "stale": "STALE read {}: not the happens-before order's bytes",
+                 "implausible": "MISMATCH read {}: a word the simulator deems impossible"}
+        statuses = {op: ("mismatch" if st == "implausible" else st, words[st].format(op))
+                    for op, st in rep["timed_run"]["reads"].items()}
+        sim_label = f"simulated ({prof.name}, seed {seed})"
+    known = {op.id for op in gpu_schedule.ops}
+    missing = sorted(set(timings) - known)
+    if missing:
+        raise InputError(where, f"its timings name ops {missing[:5]} that the schedule rebuilt with profile "
+                         f"{prof.name!r} and seed {seed} does not have; expected the profile and seed of the replay")
+    measured = measured_timeline(gpu_schedule, {k: tuple(v) for k, v in timings.items()}, statuses,
+                                 name=f"{schedule.name} ({rep['mode']} replay)", source=rep.get("device"))
+    return [(sim_label, timeline(run, sim_rep)), (measured_label, measured)]
+
+
+def replay_trace(schedule: Schedule, rep: dict, *, profile=None, seed: int | None = None) -> dict:
+    """The Chrome trace-event document of a replay: the simulated run's processes above the
+    measured ones (``replay_timelines``, ``sim.trace.combined_trace``)."""
+    from sim.trace import combined_trace
+
+    return combined_trace(replay_timelines(schedule, rep, profile=profile, seed=seed))
 
 
 # ---------------------------------------------------------------- text and CLI
@@ -273,7 +376,8 @@ def summary_text(rep: dict) -> str:
 
 
 def cli_replay(args, *, make_runner=None) -> int:
-    """``kvrace replay FILE --provider P --mode M [--trials N] [--profile X] [--seed S] [--json PATH|-]``.
+    """``kvrace replay FILE --provider P --mode M [--trials N] [--profile X] [--seed S] [--json PATH|-]
+    [--trace FILE]`` (``--trace``: the simulated and the measured timeline, ``replay_trace``).
 
     Exit 0 when every read agreed, 1 when one did not, 2 when the schedule cannot be replayed or an
     argument is bad (InputError, printed by kvrace.cli.main), 3 (in kvrace.cli) when there is no GPU."""
@@ -281,16 +385,25 @@ def cli_replay(args, *, make_runner=None) -> int:
     from sim.schedule import load
 
     check_output_path(args.json, "--json")      # before the GPU work: a bad path is exit 2 now
+    trace = getattr(args, "trace", None)
+    if trace:
+        from kvrace.sweep_cli import check_trace_option
+
+        check_trace_option(args)
     s = load(args.file)
     try:
         rep = replay(s, args.provider, args.mode, profile=args.profile, trials=args.trials, seed=args.seed,
-                     make_runner=make_runner)
+                     make_runner=make_runner, timeline=bool(trace))
     except ReplayError as e:
         print(f"kvrace: error: cannot replay {args.file} in controlled mode: {e}", file=sys.stderr)
         return 2
     except ProviderError as e:
         print(f"kvrace: error: {e}", file=sys.stderr)
         return 2
+    if trace:
+        from sim.report_io import write_json
+
+        write_json(replay_trace(s, rep, profile=args.profile), trace)
     emit(rep, args.json, summary_text, default=_json_default)
     return 0 if rep["ok"] else 1
 

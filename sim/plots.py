@@ -29,7 +29,7 @@ __all__ = ["STATUS_COLOURS", "check_signature_table", "plot_sweep", "plot_timeli
            "sweep_layout"]
 
 STATUS_COLOURS = {"clean": "#2ca02c", "stale": "#d62728", "torn": "#9467bd", "indeterminate": "#ff7f0e",
-                  "race": "#000000"}
+                  "race": "#000000", "mismatch": "#e6007e"}
 _OP_COLOURS = {"copy": "#1f77b4", "read": "#17becf", "write": "#bcbd22", "compute": "#c7c7c7",
                "record": "#8c564b", "wait": "#e377c2", "host_sync": "#e377c2", "host_delay": "#dddddd",
                "host_query": "#8c564b", "barrier": "#7f7f7f"}
