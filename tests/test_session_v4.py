@@ -24,7 +24,8 @@ from sim.schedule import validate
 from sim.snapshot import snapshot_of
 from sim.verdicts import analyse
 
-V4 = {"model": "deepseek-v4", "page_size": 256, "layers": 5, "device_tokens": 1024, "layout": "layer_first"}
+V4 = {"model": "deepseek-v4", "page_size": 256, "layers": 5, "device_tokens": 1024, "layout": "layer_first",
+      "materialise": False}
 SWA, C4, IX, C128 = "swa_kv_buffer", "c4_kv_buffer", "c4_indexer_index_k_with_scale_buffer", "c128_kv_buffer"
 
 
@@ -227,14 +228,16 @@ def test_store_kv_writes_each_pool_on_its_own_layers_and_entries():
 
 
 def test_v4_bf16_index_k_pages_round_trip():
-    s = CacheSession({**V4, "index_k_dtype": "bf16"})
+    s = CacheSession({**V4, "index_k_dtype": "bf16", "materialise": True})     # real bytes too
     key, _ = cached_then_evicted(s, owner=5)
     slots, pid = load_back(s, key)
     s.wait_idle()
     page = [int(slots[0]) // 256]
     assert s.owners_of(IX, 0, page) == [5] and s.owners_of(IX, 1, page) == [5]
     assert s.branches["index_k"] == {"kernel_all_layer": 1, "kernel_per_layer": 2}
-    assert s.finish().oob == []
+    run = s.finish()
+    assert run.oob == [] and run.memory.material is not None
+    same_snapshot(snapshot_of(run), snapshot_of(rerun(s)))
 
 
 # ---------------------------------------------------------------- any sequence re-runs

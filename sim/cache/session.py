@@ -283,7 +283,7 @@ class CacheSession:
             write_stream="write", current_stream=current, write_policy=cfg.write_policy,
             io_backend=cfg.io_backend, load_fence_stream="forward" if cfg.load_fence else None,
             write_event_pool=cfg.write_event_pool,
-            backup_pools=None if cfg.backup_pools is None else cfg.backup_pools & set(self.roles))
+            backup_pools=None if cfg.backup_pools is None else cfg.backup_pools & set(self.roles.values()))
         self.tree = self._tree(cfg)
         self.cache = _Settled(self, self.tree) if self.tree is not None else None
         self._result: RunResult | None = None
