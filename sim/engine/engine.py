@@ -1,4 +1,4 @@
-"""The prefill engine, first slice: one rank, one scheduler, HiCache on, byte-level verdicts.
+"""The engine: one prefill rank with byte-level verdicts, its decode side in simulated time.
 
 :func:`run_prefill_engine` runs a scenario's workload through one prefill engine built on a
 :class:`~sim.cache.session.CacheSession` (the HiCache model: tree, controller, device and host
@@ -21,9 +21,12 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    index-K store and ``set_kv_buffer`` never wait on a layer event and write slots no load
    touches), then the forward pass (``issue_forward``) with the scenario's gate map, options
    and cost model; the scheduler waits for the forward stream (``copy_done.synchronize()``);
-5. per request: ``insert`` (page-aligned key; duplicates and the unaligned tail freed),
-   ``dec_lock_ref``, and the request completes in the :class:`WorkloadDriver` at the
-   simulated time (decode is NOT modelled: a request completes at the end of its prefill).
+5. per request: ``insert`` (page-aligned key; duplicates and the unaligned tail freed), then
+   its decode (:mod:`sim.engine.decode`): PD, the prefill side unlocks its node and the decode
+   engine (its own GPUs, simulated time only) receives the KV and decodes it; colocated, the
+   node stays locked and the engine runs decode steps on the forward stream whenever no
+   prefill batch can be formed.  The turn completes in the :class:`WorkloadDriver` at its last
+   output token.
 
 When nothing is admissible the scheduler idles a short host delay (or until the next arrival)
 and polls again.  The run ends when the driver has nothing in flight.
@@ -41,6 +44,7 @@ from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import CacheSession
 from sim.engine.cost import CostModel
+from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
 from sim.engine.hypotheses import CONTROLLER_KEYS
 from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, issue_forward
 from sim.engine.models import ModelFamily, model as model_family
@@ -192,7 +196,17 @@ class PrefillEngine:
             seed=self.seed, materialise=materialise)
         s = self.session
         self.page = s.config.page_size
-        self.cost = CostModel.from_profile(load_profile(sc.deployment.profile), self.seed)
+        profile = load_profile(sc.deployment.profile)
+        self.cost = CostModel.from_profile(profile, self.seed)
+        self.pd = sc.deployment.mode == "pd"
+        self.prefill_tp = sc.deployment.prefill_tp
+        steps = DecodeStepModel(self.model, self.cost, self.options, sc.deployment.decode_tp)
+        # PD: the KV crosses to the decode engine's GPUs first; colocated: it is already there
+        self.decode = DecodeEngine(steps, max_running=sc.scheduler.max_running_requests,
+                                   transfer_gbps=profile.h2d_gbps if self.pd else 1.0,
+                                   bytes_per_token=kv_bytes_per_token(self.model, self.options) if self.pd else 0.0,
+                                   transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
+        self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
         self.buffers = {}
         for name, lay in s.device_pool.layouts.items():
             role = _ROLE_OF_KIND.get(s.device_pool.kind_of(name))
@@ -355,8 +369,8 @@ class PrefillEngine:
         one_step = self.one_step and can_advance_in_one_step(s.host, fb, self.buffers)
         self.forwards_one_step += one_step
         issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
-                              cost=self.cost, layer_events=events, options=self.options, one_step=one_step,
-                              tag=f"fwd{k}", key=(k,))
+                              cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
+                              one_step=one_step, tag=f"fwd{k}", key=(k,))
         self.issues.append(issue)
         for r in issue.reads:
             self.read_rids[r.op_id] = (r, consumer)
@@ -369,9 +383,43 @@ class PrefillEngine:
             for part in (dup, tail):
                 if len(part):
                     s.allocator.free(part)
-            self.cache.dec_lock_ref(a.node)
-            self.completed.append(a.req.rid)
-            self.waiting.extend(self.driver.complete(a.req.rid, int(s.now)))
+            # NOTE: colocated, the running request keeps its KV locked until its decode ends; PD, the
+            # prefill engine releases it once the KV is handed over (its transfer is not modelled
+            # on the prefill side's streams)
+            if self.pd:
+                self.cache.dec_lock_ref(a.node)
+            else:
+                self._held[a.req.rid] = a.node
+            self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
+
+    def _finish(self, rid: int, t_us: float) -> None:
+        """Request ``rid``'s last output token came at ``t_us``: the turn is complete."""
+        node = self._held.pop(rid, None)
+        if node is not None:
+            self.cache.dec_lock_ref(node)
+        self.completed.append(rid)
+        self.waiting.extend(self.driver.complete(rid, int(t_us)))
+
+    def _decode_pd(self) -> None:
+        """PD: the decode engine runs on its own GPUs; bring it up to now."""
+        for rid, t in self.decode.advance(self.session.now):
+            self._finish(rid, t)
+
+    def _decode_step_colocated(self) -> bool:
+        """Colocated: one decode step of the running batch on the forward stream (SGLang runs
+        a decode batch when no prefill batch could be formed); False when nothing decodes."""
+        s = self.session
+        self.decode.join(s.now)
+        if not self.decode.running:
+            return False
+        d, done = self.decode.step()
+        # jitter: false: the step model applied its keyed jitter already
+        s.host.issue({"op": "compute", "stream": "forward", "duration_us": d, "jitter": False,
+                      "id": f"decode{self.decode.step_count - 1}"})
+        s.synchronize(stream="forward")
+        for rid in done:
+            self._finish(rid, s.now)
+        return True
 
     def run(self, max_iterations: int = 1_000_000, *, progress=None) -> EngineResult:
         """Run the workload to its end and analyse the run.  ``progress``: called with the
@@ -385,11 +433,18 @@ class PrefillEngine:
             if progress is not None:
                 progress(s.now)
             self._poll()
+            if self.pd:
+                self._decode_pd()
             batch = self._form_batch()
             if batch:
                 self._run_batch(batch)
                 continue
+            if not self.pd and self._decode_step_colocated():
+                continue
             future = [r.arrival_us for r in self.waiting if r.arrival_us > s.now]
+            nxt = self.decode.next_event_us()
+            if nxt is not None and nxt > s.now:
+                future.append(nxt)
             ready = [r for r in self.waiting if r.arrival_us <= s.now]
             if future and not ready:
                 s.advance(max(1.0, min(future) - s.now))
