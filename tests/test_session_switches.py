@@ -86,6 +86,8 @@ def test_a_switch_is_refused_for_a_model_it_does_not_apply_to(cfg, key, value, m
     (V4, "index_k_partial_pages", "token", "['dsv4_token', 'page_aligned']"),
     (V4, "host_lock_during_load", 0, "true or false"),
     (V4, "index_k_host_bytes_per_entry", -1, "an integer >= 0"),
+    ({**V4, "index_k_dtype": "bf16", "io_backend": "direct"}, "index_k_host_bytes_per_entry", 132,
+     "0 or 256 with the direct io backend"),
 ])
 def test_bad_switch_values_name_the_key(cfg, key, value, expected):
     with pytest.raises(InputError) as e:

@@ -56,6 +56,34 @@ def cached_then_evicted(s: CacheSession, owner: int, pages: int = 1, base: int =
     return key, slots
 
 
+def recount_branches(s: CacheSession) -> dict:
+    """{role: {routine: n}} counted from the recorded copies (as the engine's metric does)."""
+    out: dict = {}
+    for d in s.record()["ops"]:
+        if d["op"] == "copy":
+            role = s.roles.get(d["dst"]) or s.roles.get(d["src"])
+            out.setdefault(role, {}).setdefault(d["routine"], 0)
+            out[role][d["routine"]] += 1
+    return {r: dict(sorted(v.items())) for r, v in sorted(out.items())}
+
+
+def test_dsa_branch_counters_are_the_recorded_copies_per_role():
+    s = CacheSession(model="dsa", page_size=64, layers=2, device_tokens=256, materialise=False)
+    slots = s.allocator.alloc(128)
+    s.store_kv(slots, owner=1)
+    key = RadixKey(np.arange(128))
+    s.cache.insert(InsertParams(key, slots))
+    s.wait_idle()
+    s.cache.check_hicache_events()
+    s.cache.evict(EvictParams(128))
+    m = s.cache.match_prefix(MatchPrefixParams(key))
+    s.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
+    s.cache.ready_to_load_host_cache()
+    assert s.branches == recount_branches(s) == {
+        "index_k": {"dsa_indexer_per_layer": 2, "staged_all_layer_lf_pf": 1},
+        "latent": {"kernel_per_layer": 2, "staged_all_layer_lf_pf": 1}}
+
+
 def load_back(s: CacheSession, key):
     m = s.cache.match_prefix(MatchPrefixParams(key))
     slots, _ = s.cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
@@ -302,5 +330,6 @@ def test_any_v4_cache_sequence_reruns_from_its_record_to_the_same_snapshot(lio, 
     _drive(s, steps)
     run = s.finish()
     same_snapshot(snapshot_of(run), snapshot_of(rerun(s)))
+    assert s.branches == recount_branches(s)
     assert all(r["status"] == "ok" for r in analyse(run)["reads"])       # every read was gated
     assert run.oob == []

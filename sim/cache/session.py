@@ -252,6 +252,12 @@ class CacheSession:
         cfg = SessionConfig.from_dict({**(config or {}), **overrides})
         layout, io_backend = resolve_layout_io_compatibility(cfg.layout, cfg.io_backend)
         cfg = SessionConfig(**{**cfg.__dict__, "layout": layout, "io_backend": io_backend})
+        device_entry = FP8_INDEX_K_ENTRY_BYTES if cfg.index_k_dtype == "fp8" else 2 * INDEX_HEAD_DIM
+        if io_backend == "direct" and cfg.index_k_host_bytes_per_entry not in (0, device_entry):
+            raise InputError("config.index_k_host_bytes_per_entry",
+                             f"expected 0 or {device_entry} with the direct io backend (it copies whole tensor "
+                             f"rows, which fails when host and device rows differ), got "
+                             f"{show(cfg.index_k_host_bytes_per_entry)}")
         self.config = cfg
         self.device_pool, self.host_pool = self._pools(cfg)
         alloc_cls = TokenToKVPoolAllocator if cfg.page_size == 1 else PagedTokenToKVPoolAllocator
