@@ -125,17 +125,47 @@ def test_branch_counters_are_the_routines_issued(e511):
         assert all(name in recorded for name in counts)
 
 
-def test_refuses_v4_flash_naming_what_is_missing():
-    sc = load_scenario("incident")
-    with pytest.raises(InputError, match="model.family") as ei:
-        PrefillEngine(sc)
-    assert "CacheSession" in str(ei.value) and "deepseek-v4-flash" in str(ei.value)
+V4 = ["run.layers=4", "run.duration_s=1.5", "workload.concurrency=4"]
 
 
-@pytest.mark.parametrize("hyp", ["host-freed-during-load", "index-k-not-backed-up", "index-k-stride-mismatch"])
-def test_refuses_controller_switches_it_cannot_honour(hyp):
-    with pytest.raises(InputError, match="variant.hypotheses.*does not take that controller switch"):
-        small("upstream-0.5.11", f"variant.hypotheses={hyp}")
+@pytest.fixture(scope="module")
+def v4():
+    e = PrefillEngine(load_scenario("incident-short", V4), 0)
+    return e, e.run()
+
+
+def test_v4_flash_runs_on_its_own_pools(v4):
+    """The incident's model: SWA, C4 latent, bf16 C4 index-K and C128 device pools, each read
+    by the forward at its own entries (a compressed pool's entries are the slots that complete
+    a group of its ratio, divided by it)."""
+    e, r = v4
+    assert set(e.buffers) == {"swa", "c4", "index_k", "c128"}
+    assert r.requests_completed == r.requests_total > 0 and r.load_backs > 0
+    assert set(r.branches) == {"swa", "c4", "index_k", "c128"}
+    slots = np.arange(256, 768, dtype=np.int64)
+    c4 = e.session.entries_of(e.buffers["c4"][0], slots)
+    assert np.array_equal(c4, np.arange(256 // 4, 768 // 4))
+    assert np.array_equal(e.session.entries_of(e.buffers["c128"][0], slots), np.array([2, 3, 4, 5]))
+    # every read of a compressed role covers only whole groups of its entries
+    reads = [info for iss in e.issues for info in iss.reads if info.role == "c4"]
+    assert reads and all(len(ent) for info in reads for ent in info.entries.values())
+
+
+@pytest.mark.parametrize("hyp, key, value", [
+    ("host-freed-during-load", "host_lock_during_load", False),
+    ("index-k-not-backed-up", "backup_pools", frozenset({"swa", "c4", "c128"})),
+    ("index-k-stride-mismatch", "index_k_host_bytes_per_entry", 132),
+    ("index-k-c4-token-copy", "index_k_partial_pages", "dsv4_token"),
+])
+def test_hypotheses_controller_switches_reach_the_session(hyp, key, value):
+    e = PrefillEngine(load_scenario("incident-short", [*V4, f"variant.hypotheses={hyp}"]), 0)
+    got = getattr(e.session.config, key)
+    assert (frozenset(got) if key == "backup_pools" else got) == value
+
+
+def test_dsa_refuses_the_v4_only_switches():
+    with pytest.raises(InputError, match="variant.hypotheses"):
+        small("upstream-0.5.11", "variant.hypotheses=index-k-c4-token-copy")
 
 
 def test_load_unfenced_is_honoured():

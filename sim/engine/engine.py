@@ -42,7 +42,7 @@ import numpy as np
 
 from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
-from sim.cache.session import CacheSession
+from sim.cache.session import MODEL_ROLES, CacheSession
 from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
 from sim.engine.hypotheses import CONTROLLER_KEYS
@@ -59,14 +59,9 @@ __all__ = ["EngineError", "EngineResult", "OwnershipError", "PrefillEngine", "SE
            "reduced_model", "run_prefill_engine"]
 
 #: model family -> the CacheSession model whose device and host pools it has
-SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa"})
-#: controller switches of the hypotheses that CacheSession does not take yet: refused, not ignored
-_UNSUPPORTED_SWITCHES = ("index_k_partial_pages", "index_k_host_bytes_per_entry", "host_lock_during_load",
-                         "backup_pools")
+SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa", "deepseek-v4-flash": "deepseek-v4"})
 #: host delay (us) of an idle scheduler iteration (nothing admissible: acks pending)
 IDLE_US = 50.0
-#: the device buffer kinds of a CacheSession pool -> the forward model's pool roles
-_ROLE_OF_KIND = MappingProxyType({"kv": "latent", "index_k": "index_k"})
 
 
 class EngineError(KvraceError, RuntimeError):
@@ -166,20 +161,11 @@ class PrefillEngine:
         sc = scenario
         fam = model_family(sc.model.family)
         if fam.name not in SESSION_MODELS:
-            raise InputError("model.family", f"the prefill engine runs on CacheSession, whose pools cover "
-                             f"{sorted(SESSION_MODELS)}; {fam.name} needs its SWA, C4, C128 and compressor-state "
-                             "device and host pools in CacheSession (not there yet)")
-        if sc.model.index_k_dtype != "fp8":
-            raise InputError("model.index_k_dtype", f"expected 'fp8' for {fam.name}")
+            raise InputError("model.family", f"expected a family whose pools CacheSession has: {sorted(SESSION_MODELS)}, "
+                             f"got {show(fam.name)}")
         self.scenario = sc
         self.seed = sc.run.seed if seed is None else int(seed)
-        self.config = sc.configuration()
-        for f in _UNSUPPORTED_SWITCHES:
-            default = CONTROLLER_KEYS[f][1] if f != "backup_pools" else frozenset(fam.pools)
-            if getattr(self.config, f) != default:
-                raise InputError("variant.hypotheses", f"{list(self.config.hypotheses)} set {f} = "
-                                 f"{show(getattr(self.config, f))}; the prefill engine's CacheSession does not take "
-                                 f"that controller switch yet (only {show(default)}), so it would run unchanged")
+        self.config = cfg = sc.configuration()
         if layers is None and sc.run.layers:
             if sc.run.layers > fam.n_layers:
                 raise InputError("run.layers", f"expected an integer in 0..{fam.n_layers} ({fam.name}), got {sc.run.layers}")
@@ -187,13 +173,27 @@ class PrefillEngine:
         self.model = reduced_model(fam, layers)
         self.options = dict(self.config.options)
         tokens_ = sc.scheduler.max_total_tokens if device_tokens is None else device_tokens
+        smodel = SESSION_MODELS[fam.name]
+        # the hypotheses' controller switches (sim.engine.hypotheses.CONTROLLER_KEYS) go to the
+        # session as they are; backup_pools None = every pool the (possibly cut) model has
+        roles = set(MODEL_ROLES[smodel])
+        backup = None if cfg.backup_pools is None or roles <= set(cfg.backup_pools) else sorted(cfg.backup_pools)
+        switches = dict(backup_pools=backup, host_lock_during_load=cfg.host_lock_during_load)
+        if cfg.index_k_host_bytes_per_entry != CONTROLLER_KEYS["index_k_host_bytes_per_entry"][1]:
+            switches["index_k_host_bytes_per_entry"] = cfg.index_k_host_bytes_per_entry
+        if smodel == "deepseek-v4":
+            switches.update(index_k_dtype=sc.model.index_k_dtype, index_k_partial_pages=cfg.index_k_partial_pages)
+        elif sc.model.index_k_dtype != "fp8" or cfg.index_k_partial_pages != "page_aligned":
+            raise InputError("model.index_k_dtype" if sc.model.index_k_dtype != "fp8" else "variant.hypotheses",
+                             f"expected an fp8, page-aligned index-K for {fam.name} (the bf16 index-K and the C4 "
+                             f"token copy are DeepSeek V4's), got {sc.model.index_k_dtype}, {cfg.index_k_partial_pages}")
         self.session = CacheSession(
-            model=SESSION_MODELS[fam.name], layers=self.model.n_layers, page_size=sc.hicache.page_size,
+            model=smodel, layers=self.model.n_layers, page_size=sc.hicache.page_size,
             device_tokens=tokens_, hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb),
             layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
-            load_fence=self.config.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise)
+            load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
+            seed=self.seed, materialise=materialise, **switches)
         s = self.session
         self.page = s.config.page_size
         profile = load_profile(sc.deployment.profile)
@@ -207,13 +207,8 @@ class PrefillEngine:
                                    bytes_per_token=kv_bytes_per_token(self.model, self.options) if self.pd else 0.0,
                                    transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
         self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
-        self.buffers = {}
-        for name, lay in s.device_pool.layouts.items():
-            role = _ROLE_OF_KIND.get(s.device_pool.kind_of(name))
-            if role is None:
-                raise InputError("model.family", f"device buffer {name!r} of kind {s.device_pool.kind_of(name)!r} "
-                                 "has no pool role in the forward model")
-            self.buffers[role] = (name, lay)
+        # pool role -> (device buffer, layout): what the forward model reads
+        self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
         self.gate_map = self.config.gate_map
         # HiCache off: SGLang's plain RadixCache over the same allocator (no host pool traffic,
         # an evicted prefix is recomputed); on: the session's HiRadixCache
@@ -360,7 +355,8 @@ class PrefillEngine:
         reqs = []
         for a in batch:
             slots = np.concatenate([a.prefix, a.new[:a.n_new]])
-            reqs.append(BatchRequest(a.req.rid, {"latent": slots, "index_k": slots}, a.n_new, len(slots)))
+            entries = {role: s.entries_of(name, slots) for role, (name, _) in self.buffers.items()}
+            reqs.append(BatchRequest(a.req.rid, entries, a.n_new, len(slots)))
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
         fb = ForwardBatch("extend", tuple(reqs), consumer)
         # NOTE: one step only where nothing can interleave: no load into these buffers in flight
