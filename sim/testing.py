@@ -178,21 +178,7 @@ def _kv_family(draw) -> _Family:
             b["init"][0]["indices"]["count"] = RICH_UNITS
         else:
             b["layout"]["pages"] = RICH_UNITS
-
-    @st.composite
-    def copy(draw, stream):
-        src, dst = draw(st.sampled_from([("H", "D"), ("H", "D2"), ("D", "H"), ("D", "D2"), ("D2", "D")]))
-        routine = draw(st.sampled_from(["kernel_per_layer", "kernel_all_layer", "direct_per_layer",
-                                        "token_bytewise"]))
-        # index RICH_UNITS (one row past the end) appears now and then: an out-of-bounds copy
-        top = RICH_UNITS if routine != "token_bytewise" and draw(st.integers(0, 4)) == 0 else RICH_UNITS - 1
-        src_idx, dst_idx = _pairs_of(draw, RICH_UNITS, top)
-        args = {"src_indices": src_idx, "dst_indices": dst_idx}
-        if routine != "kernel_all_layer":
-            args["layer"] = draw(st.integers(0, LAYERS - 1))
-        return {"op": "copy", "stream": stream, "routine": routine, "src": src, "dst": dst, "args": args}
-
-    return _Family("kv", bufs, {"D": (LAYERS, RICH_UNITS), "D2": (LAYERS, RICH_UNITS)}, copy)
+    return _Family("kv", bufs, {"D": (LAYERS, RICH_UNITS), "D2": (LAYERS, RICH_UNITS)}, _kv_copy)
 
 
 def _index_k_family(draw) -> _Family:
@@ -204,21 +190,7 @@ def _index_k_family(draw) -> _Family:
              "layout": {"preset": "dsa_index_k", "layers": 1, "pages": 2}},
             {"name": "D2", "location": "device", "kind": "index_k2",
              "layout": {"preset": "dsa_index_k", "layers": 1, "pages": 2}}]
-
-    @st.composite
-    def copy(draw, stream):
-        src, dst = draw(st.sampled_from([("H", "D"), ("H", "D2"), ("D", "H"), ("D", "D2")]))
-        if draw(st.booleans()):
-            pages = draw(st.lists(st.integers(0, 1), min_size=1, max_size=2, unique=True))
-            src_pages = draw(st.lists(st.integers(0, 1), min_size=len(pages), max_size=len(pages)))
-            tok = lambda ps: [p * 64 + t for p in ps for t in range(64)]     # noqa: E731
-            return {"op": "copy", "stream": stream, "routine": "dsa_indexer_per_layer", "src": src, "dst": dst,
-                    "args": {"layer": 0, "src_indices": tok(src_pages), "dst_indices": tok(pages)}}
-        src_idx, dst_idx = _pairs_of(draw, 6, 127)
-        return {"op": "copy", "stream": stream, "routine": "token_bytewise", "src": src, "dst": dst,
-                "args": {"layer": 0, "src_indices": src_idx, "dst_indices": dst_idx}}
-
-    return _Family("index_k", bufs, {"D": (1, 2), "D2": (1, 2)}, copy)
+    return _Family("index_k", bufs, {"D": (1, 2), "D2": (1, 2)}, _index_k_copy)
 
 
 def _c4_family(draw) -> _Family:
@@ -230,51 +202,84 @@ def _c4_family(draw) -> _Family:
              "layout": {"preset": "c4_paged", "layers": 1, "pages": 1}},
             {"name": "D2", "location": "device", "kind": "index_k_bf16",
              "layout": {"preset": "bf16_index_k", "layers": 1, "tokens": 64}}]
-
-    @st.composite
-    def copy(draw, stream):
-        routine = draw(st.sampled_from(["dsv4_token", "dsv4_token", "token_bytewise", "kernel_per_layer"]))
-        if routine == "kernel_per_layer":       # the whole 37,440 B page as one item
-            src, dst = draw(st.sampled_from([("H", "D"), ("D", "H")]))
-            return {"op": "copy", "stream": stream, "routine": routine, "src": src, "dst": dst,
-                    "args": {"layer": 0, "src_indices": [0], "dst_indices": [0]}}
-        if routine == "token_bytewise":
-            src, dst = draw(st.sampled_from([("H", "D"), ("D", "H")]))
-            src_idx, dst_idx = _pairs_of(draw, 8, 63)
-            return {"op": "copy", "stream": stream, "routine": routine, "src": src, "dst": dst,
-                    "args": {"layer": 0, "src_indices": src_idx, "dst_indices": dst_idx}}
-        src, dst = draw(st.sampled_from([("H", "D"), ("D", "H"), ("H", "D2"), ("D", "D2")]))
-        src_idx, dst_idx = _pairs_of(draw, 8, 63)
-        return {"op": "copy", "stream": stream, "routine": "dsv4_token", "src": src, "dst": dst,
-                "args": {"src_indices": src_idx, "dst_indices": dst_idx, "layers": [0]}}
-
-    return _Family("c4", bufs, {"D": (1, 1), "D2": (1, 64)}, copy)
+    return _Family("c4", bufs, {"D": (1, 1), "D2": (1, 64)}, _c4_copy)
 
 
 def _page_first_family(draw) -> _Family:
     # device token rows; a page_first_direct host pool (direct_page_first, both directions) and
     # a page_first host pool (the staged all-layer write-back); host pages of 4 rows
     ub = draw(st.sampled_from([64, 256]))
-    ps, units = 4, 8
+    ps, units = _PF_PAGE, _PF_UNITS
     dev = {"kind": "paged", "layers": LAYERS, "pages": units, "page_bytes": ub}
     bufs = [_host("H", "kv", ub, units, layers=LAYERS, layout="page_first_direct", page_size=ps),
             _host("HP", "kv_pf", ub, units, layers=LAYERS, layout="page_first", owner=2),
             {"name": "D", "location": "device", "kind": "kv", "layout": dev}]
+    return _Family("page_first", bufs, {"D": (LAYERS, units)}, _page_first_copy)
 
-    @st.composite
-    def copy(draw, stream):
-        pages = draw(st.lists(st.integers(0, units // ps - 1), min_size=1, max_size=2, unique=True))
-        src_pages = draw(st.lists(st.integers(0, units // ps - 1), min_size=len(pages), max_size=len(pages)))
-        tok = lambda pp: [p * ps + t for p in pp for t in range(ps)]     # noqa: E731
-        if draw(st.integers(0, 2)) == 0:
-            return {"op": "copy", "stream": stream, "routine": "staged_all_layer_lf_pf", "src": "D", "dst": "HP",
-                    "args": {"src_indices": tok(src_pages), "dst_indices": tok(pages), "page_size": ps}}
+
+# the copy strategies of the families (module level: a composite defined per draw costs a compile)
+_PF_PAGE, _PF_UNITS = 4, 8
+
+
+@st.composite
+def _kv_copy(draw, stream):
+    src, dst = draw(st.sampled_from([("H", "D"), ("H", "D2"), ("D", "H"), ("D", "D2"), ("D2", "D")]))
+    routine = draw(st.sampled_from(["kernel_per_layer", "kernel_all_layer", "direct_per_layer",
+                                    "token_bytewise"]))
+    # index RICH_UNITS (one row past the end) appears now and then: an out-of-bounds copy
+    top = RICH_UNITS if routine != "token_bytewise" and draw(st.integers(0, 4)) == 0 else RICH_UNITS - 1
+    src_idx, dst_idx = _pairs_of(draw, RICH_UNITS, top)
+    args = {"src_indices": src_idx, "dst_indices": dst_idx}
+    if routine != "kernel_all_layer":
+        args["layer"] = draw(st.integers(0, LAYERS - 1))
+    return {"op": "copy", "stream": stream, "routine": routine, "src": src, "dst": dst, "args": args}
+
+
+@st.composite
+def _index_k_copy(draw, stream):
+    src, dst = draw(st.sampled_from([("H", "D"), ("H", "D2"), ("D", "H"), ("D", "D2")]))
+    if draw(st.booleans()):
+        pages = draw(st.lists(st.integers(0, 1), min_size=1, max_size=2, unique=True))
+        src_pages = draw(st.lists(st.integers(0, 1), min_size=len(pages), max_size=len(pages)))
+        tok = lambda ps: [p * 64 + t for p in ps for t in range(64)]     # noqa: E731
+        return {"op": "copy", "stream": stream, "routine": "dsa_indexer_per_layer", "src": src, "dst": dst,
+                "args": {"layer": 0, "src_indices": tok(src_pages), "dst_indices": tok(pages)}}
+    src_idx, dst_idx = _pairs_of(draw, 6, 127)
+    return {"op": "copy", "stream": stream, "routine": "token_bytewise", "src": src, "dst": dst,
+            "args": {"layer": 0, "src_indices": src_idx, "dst_indices": dst_idx}}
+
+
+@st.composite
+def _c4_copy(draw, stream):
+    routine = draw(st.sampled_from(["dsv4_token", "dsv4_token", "token_bytewise", "kernel_per_layer"]))
+    if routine == "kernel_per_layer":       # the whole 37,440 B page as one item
         src, dst = draw(st.sampled_from([("H", "D"), ("D", "H")]))
-        return {"op": "copy", "stream": stream, "routine": "direct_page_first", "src": src, "dst": dst,
-                "args": {"layer": draw(st.integers(0, LAYERS - 1)), "src_indices": tok(src_pages),
-                         "dst_indices": tok(pages), "page_size": ps}}
+        return {"op": "copy", "stream": stream, "routine": routine, "src": src, "dst": dst,
+                "args": {"layer": 0, "src_indices": [0], "dst_indices": [0]}}
+    if routine == "token_bytewise":
+        src, dst = draw(st.sampled_from([("H", "D"), ("D", "H")]))
+        src_idx, dst_idx = _pairs_of(draw, 8, 63)
+        return {"op": "copy", "stream": stream, "routine": routine, "src": src, "dst": dst,
+                "args": {"layer": 0, "src_indices": src_idx, "dst_indices": dst_idx}}
+    src, dst = draw(st.sampled_from([("H", "D"), ("D", "H"), ("H", "D2"), ("D", "D2")]))
+    src_idx, dst_idx = _pairs_of(draw, 8, 63)
+    return {"op": "copy", "stream": stream, "routine": "dsv4_token", "src": src, "dst": dst,
+            "args": {"src_indices": src_idx, "dst_indices": dst_idx, "layers": [0]}}
 
-    return _Family("page_first", bufs, {"D": (LAYERS, units)}, copy)
+
+@st.composite
+def _page_first_copy(draw, stream):
+    ps, units = _PF_PAGE, _PF_UNITS
+    pages = draw(st.lists(st.integers(0, units // ps - 1), min_size=1, max_size=2, unique=True))
+    src_pages = draw(st.lists(st.integers(0, units // ps - 1), min_size=len(pages), max_size=len(pages)))
+    tok = lambda pp: [p * ps + t for p in pp for t in range(ps)]     # noqa: E731
+    if draw(st.integers(0, 2)) == 0:
+        return {"op": "copy", "stream": stream, "routine": "staged_all_layer_lf_pf", "src": "D", "dst": "HP",
+                "args": {"src_indices": tok(src_pages), "dst_indices": tok(pages), "page_size": ps}}
+    src, dst = draw(st.sampled_from([("H", "D"), ("D", "H")]))
+    return {"op": "copy", "stream": stream, "routine": "direct_page_first", "src": src, "dst": dst,
+            "args": {"layer": draw(st.integers(0, LAYERS - 1)), "src_indices": tok(src_pages),
+                     "dst_indices": tok(pages), "page_size": ps}}
 
 
 _FAMILY = {"kv": _kv_family, "index_k": _index_k_family, "c4": _c4_family, "page_first": _page_first_family}
@@ -524,16 +529,17 @@ def load_forward_programs(draw, *, gate_maps: Sequence = ("upstream-0.5.10", "up
     dev_pages_needed = sum(lp + rp + 1 for _, _, lp, rp, _ in reqs)
     dev_pages = dev_pages_needed + 1 + draw(st.integers(0, 2))
     host_pages = max(1, sum(lp for _, _, lp, _, _ in reqs))
-    # distinct device pages (1..) and host pages per request, in a drawn order
-    dev_order = draw(st.permutations(range(1, dev_pages)))
-    host_order = draw(st.permutations(range(host_pages)))
-    placed, dk, hk = [], 0, 0
+    # distinct device pages (1..; 0 is padding) and host pages per request, each drawn from the
+    # pages still free (an index into the free list: it shrinks toward the lowest pages)
+    dev_free, host_free = list(range(1, dev_pages)), list(range(host_pages))
+
+    def take(free: list, n: int) -> list:
+        return [free.pop(draw(st.integers(0, len(free) - 1))) for _ in range(n)]
+
+    placed = []
     for rid, b, lp, rp, n_new in reqs:
-        resident = list(dev_order[dk:dk + rp]); dk += rp                   # noqa: E702
-        loaded = list(dev_order[dk:dk + lp]); dk += lp                     # noqa: E702
-        new = dev_order[dk]; dk += 1                                       # noqa: E702
-        hpages = list(host_order[hk:hk + lp]); hk += lp                    # noqa: E702
-        placed.append((rid, b, resident, loaded, hpages, new, n_new))
+        resident, loaded, new = take(dev_free, rp), take(dev_free, lp), take(dev_free, 1)[0]
+        placed.append((rid, b, resident, loaded, take(host_free, lp), new, n_new))
 
     pools = fam.pools_for(opts)
     lat_lay = pools["latent"].layout(dev_pages * _LF_PAGE)
