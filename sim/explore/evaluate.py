@@ -62,22 +62,25 @@ class Evaluator:
         s = model.schedule
         self.s = s
         self.reference = run_reference(s, materialise=False)
+        # NOTE: every memory shares the reference's origin table, so provenance compares by
+        # origin id (the verdicts' fast path), not by hashing origins
+        self.table = self.reference.memory.table
         self.ref_reads = {r.op_id: r for r in self.reference.reads}
         self.indeterminate = indeterminate_read_bytes(s)
-        self._initial = Memory(s.buffers, materialise=False)
+        # the prefix: nodes that neither race nor come after a racing node.  Every order
+        # applies them first (they are closed downwards, and their order against the racing
+        # nodes changes no byte), so their memory and reads are computed once.
+        self.prefix = _prefix(model)
+        self._after_prefix, self._prefix_reads = self._apply(Memory(s.buffers, materialise=False, table=self.table),
+                                                             self.prefix, [])
 
-    def fresh_memory(self, materialise: bool = False) -> Memory:
-        if materialise:
-            return Memory(self.s.buffers, materialise=True)
-        # NOTE: a deep copy of the initial compact memory is cheaper than re-applying every
-        # init fill (a cut window can start with hundreds of segments)
-        return _copy.deepcopy(self._initial)
+    def _fork(self, mem: Memory) -> Memory:
+        # NOTE: a deep copy keeps the shared origin table (memo) and is cheaper than
+        # re-applying every init fill and prefix node
+        return _copy.deepcopy(mem, {id(self.table): self.table})
 
-    def run(self, order: list[int], materialise: bool = False) -> Evaluation:
-        """Apply the nodes of ``order`` (node ids) one after the other."""
+    def _apply(self, mem: Memory, order, reads: list) -> tuple[Memory, list]:
         s, nodes = self.s, self.model.nodes
-        mem = self.fresh_memory(materialise)
-        reads = []
         for nid in order:
             node = nodes[nid]
             op = s.ops[node.op]
@@ -91,6 +94,17 @@ class Evaluator:
                 views = [mem.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)]
                 reads.append(ReadCapture(op.id, op.index, op.stream, op.buffer, float(len(reads)), offs, lens,
                                          views))
+        return mem, reads
+
+    def run(self, order: list[int], materialise: bool = False) -> Evaluation:
+        """Apply the nodes of ``order`` (node ids, a sequence of every node) one after the
+        other; ``materialise`` also keeps real bytes (from scratch, no shared prefix)."""
+        if materialise:
+            mem, reads = self._apply(Memory(self.s.buffers, materialise=True, table=self.table), order, [])
+        else:
+            done = set(self.prefix)
+            rest = [u for u in order if u not in done]
+            mem, reads = self._apply(self._fork(self._after_prefix), rest, list(self._prefix_reads))
         reads.sort(key=lambda r: r.index)
         return Evaluation(mem, reads, outcome_key(reads, mem))
 
@@ -99,7 +113,7 @@ class Evaluator:
         out = []
         for r in ev.reads:
             e = read_entry(r, self.ref_reads[r.op_id], self.s.buffers[r.buffer].layout,
-                           self.indeterminate.get(r.index))
+                           self.indeterminate.get(r.index), detail=False)
             e.pop("time_us", None)
             e.pop("copies_in_flight", None)
             out.append(e)
@@ -114,6 +128,23 @@ class Evaluator:
     def digests(self, ev: Evaluation) -> dict[str, str]:
         """Final buffer digests (``Memory.digest``: sha256 of the bytes, what a GPU run gives)."""
         return {name: ev.memory.digest(name) for name in sorted(ev.memory.compact)}
+
+
+def _prefix(model: RaceModel) -> list[int]:
+    """Nodes (in issue order) that are not of a racing op and have no racing node before them."""
+    racing = set(model.racing_ops)
+    tainted = [model.nodes[u].op in racing for u in range(len(model.nodes))]
+    succ: list[list[int]] = [[] for _ in model.nodes]
+    for a, b in model.hb_edges:
+        succ[a].append(b)
+    for ids in model.op_nodes.values():
+        for a, b in zip(ids[:-1], ids[1:]):
+            succ[a].append(b)
+    for u in range(len(model.nodes)):          # edges point forward: one sweep
+        if tainted[u]:
+            for v in succ[u]:
+                tainted[v] = True
+    return [u for u in range(len(model.nodes)) if not tainted[u]]
 
 
 def read_bytes(ev: Evaluation) -> dict[str, np.ndarray]:

@@ -81,11 +81,6 @@ class Node:
     end: tuple[int, int] = (0, 0)
     acc: list = field(default_factory=list)
 
-    @property
-    def item_aligned(self) -> bool:
-        """Both ends of the block are item boundaries (a controlled replay can force them)."""
-        return self.first[1] == 0 and self.end[1] == 0
-
 
 @dataclass
 class RaceModel:

@@ -10,7 +10,13 @@ reads are ``ok`` against its own happens-before order, which is now the witness'
 the outcome's bytes are in ``--snapshot`` and in each read's ``provenance_sha256``, equal
 to the explorer's.)
 
-How it is built: the copies that race are split (into consecutive copies on their stream,
+How it is built: the schedule becomes one host's program (every op issued by host
+``host`` in list order; ``host_delay`` and ``barrier`` ops dropped: the first only times
+the issue, the second orders nothing one host's program order does not), so every stream
+runs its ops in list order and every forced wait is issued after its record (with several
+hosts, a host that issues earlier in time would issue a wait before the record it should
+bind to: a no-op in CUDA).  This adds happens-before (a host op now precedes every later
+op), never removes any; an order it contradicts is refused.  Then the copies that race are split (into consecutive copies on their stream,
 which orders nothing new) at the block boundaries the order needs (a boundary is needed
 when a node of an op racing that copy lands between the two blocks), then
 ``controlled_schedule`` is run on that schedule with a run whose clock is the order's
@@ -32,7 +38,7 @@ from sim.executor import RunResult
 from sim.explore.evaluate import Evaluation, Evaluator
 from sim.explore.model import RaceModel
 from sim.replay import ReplayError, controlled_schedule
-from sim.schedule import validate
+from sim.schedule import DEFAULT_HOST, validate
 from sim.transfers.routines import slice_items
 
 __all__ = ["witness_schedule"]
@@ -70,15 +76,19 @@ def witness_schedule(model: RaceModel, order: list[int], evaluation: Evaluation 
     for op, ks in cuts.items():
         for k in ks:
             node = model.nodes[model.op_nodes[op][k]]
-            if not node.item_aligned:
+            if node.first[1] != 0:
                 return None, (f"copy {s.ops[op].id} is cut inside item {node.first[0]} (at byte {node.first[1]}): "
                               "a torn read; controlled replay forces item boundaries only")
     # the schedule with the racing copies split at the needed cuts
     doc = _copy.deepcopy(s.to_json())
+    doc["hosts"] = [DEFAULT_HOST]
     seg_of: dict[int, str] = {}            # node id -> id of the (split) op it belongs to
     new_ops = []
     for op in s.ops:
         d = doc["ops"][op.index]
+        if op.op in ("host_delay", "barrier"):
+            continue
+        d["host"] = DEFAULT_HOST
         ids = model.op_nodes.get(op.index)
         ks = cuts.get(op.index)
         if not ks:
