@@ -1,7 +1,7 @@
 """Online executor at scale: ops per wall second with verdicts, and memory, up to 1M ops on 8 devices.
 
     python benchmarks/bench_scale.py [--sizes 10000 100000 1000000] [--devices 8]
-                                     [--modes static program] [--timeout 3000]
+                                     [--modes static program] [--timeout 3000] [--profile N]
 
 The workload is ``bench_executor.py``'s HiCache load-back loop on every device of a
 TP group: device ``d`` has its own host pools, device pools, ``load_d`` and
@@ -160,8 +160,23 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=3000.0, help="seconds per (mode, size) process")
     ap.add_argument("--json", help="also write every result to this JSON file")
+    ap.add_argument("--profile", type=int, metavar="N", default=0,
+                    help="run the first (mode, size) in this process under cProfile and print the N "
+                         "entries with the most internal time (the times are then not comparable)")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "OPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.profile:
+        import cProfile
+        import io
+        import pstats
+        prof = cProfile.Profile()
+        r = prof.runcall(measure, args.modes[0], args.sizes[0], args.devices)
+        r.pop("rss_trend")
+        print(json.dumps(r))
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(args.profile)
+        print(out.getvalue())
+        return
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.devices)))
         return

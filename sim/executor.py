@@ -65,7 +65,7 @@ import simpy
 
 from sim.errors import InputError
 from sim.hb import RACE_LIMIT
-from sim.memory import Clipped, Memory, clip_extents, oob_origin
+from sim.memory import Clipped, Memory, clip_and_leaves, clip_extents, oob_origin
 from sim.profile import Profile
 from sim.schedule import Schedule, ScheduleBuilder
 from sim.transfers.routines import check_bounds
@@ -160,18 +160,16 @@ class RunResult:
 class _Copy:
     """A copy in flight: its clipped extents and when each item lands (absolute)."""
 
-    def __init__(self, op, clipped: Clipped, start_us: np.ndarray, end_us: np.ndarray, t0: float):
+    def __init__(self, op, clipped: Clipped, start_us: np.ndarray, end_us: np.ndarray, t0: float,
+                 ext_item_start: np.ndarray):
         self.op = op
         self.c = clipped
-        self.rel_start = start_us
+        self.rel_start = start_us                 # items land in item order (Executor._item_times)
         self.rel_end = end_us
         self.t0 = t0
-        order = np.argsort(end_us, kind="stable")
-        if not np.array_equal(order, np.arange(order.size)):
-            raise AssertionError("copy items must complete in item order")  # the timing model's contract
         self.end_abs = t0 + end_us
         self.applied = 0                          # items [0, applied) are in memory
-        self.ext_item_start = np.searchsorted(clipped.item, np.arange(end_us.size + 1))
+        self.ext_item_start = ext_item_start      # extents of item i: [ext_item_start[i], [i + 1])
 
     def extent_slice(self, a: int, b: int) -> slice:
         return slice(int(self.ext_item_start[a]), int(self.ext_item_start[b]))
@@ -322,6 +320,8 @@ class Executor:
         self.tie_orders_total = 0
         self._pending_gate: list = []
         self._links: dict = {}
+        self._link_of: dict = {}                     # (src, dst) -> (link, LinkTiming)
+        self._plan_memo: dict = {}                   # see _memo
         self.item_end_us: dict[str, np.ndarray] = {}
         self.access_us: dict[str, float] = {}
         self.access_seq: dict[str, int] = {}
@@ -330,7 +330,7 @@ class Executor:
         if not self.keep_all:
             from sim.verdicts import OnlineVerdicts     # verdicts imports this module
             self.online = OnlineVerdicts(buffers, streams, hosts, self.mem.table, race_limit=race_limit,
-                                         ops=static_ops)
+                                         ops=static_ops, memo=self._memo)
         for name in streams:
             self.env.process(self._stream(name, self.queues[name]))
 
@@ -377,8 +377,10 @@ class Executor:
         c = None
         if op.op == "copy":
             src, dst = self.buffers[op.src], self.buffers[op.dst]
-            c = self.clipped[op.id] = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
-            if c.length.size and int((c.length - c.copy_len).max()) > 0:     # some extent leaves a buffer
+            c, leaves = self._memo(op.plan, ("clip", src.nbytes, dst.nbytes),
+                                   lambda: clip_and_leaves(op.plan, src.nbytes, dst.nbytes))
+            self.clipped[op.id] = c
+            if leaves:                                   # some extent leaves a buffer
                 self.oob.extend(self._oob_reports(op, op.plan.extents, src, dst))
         if self.online is not None:
             self.online.issued(op, c)
@@ -419,6 +421,31 @@ class Executor:
         ev.callbacks.append(finish)
         self.pending[op.index] = ev
 
+    #: derived values of copy plans the memo keeps (a host program's copies share plans:
+    #: ``sim.transfers.routines.plan`` caches them); cleared when full, so memory stays flat
+    PLAN_MEMO_SIZE = 4096
+
+    def _memo(self, plan, what: tuple, make):
+        """``make()``, remembered per plan object and ``what`` (what it derives from the
+        plan: clipping to buffer sizes, item times on a link).  The memo holds the plan,
+        so its ``id`` is not reused while the entry lives."""
+        key = (id(plan),) + what
+        got = self._plan_memo.get(key)
+        if got is None:
+            if len(self._plan_memo) >= self.PLAN_MEMO_SIZE:
+                self._plan_memo.clear()
+            got = self._plan_memo[key] = (plan, make())
+        return got[1]
+
+    def _item_times(self, plan, timing):
+        """(start, end, ext_item_start) of a copy's items relative to its start, checked
+        to land in item order (the timing model's contract, which _advance relies on)."""
+        start, end = item_times(plan, timing)
+        start, end = np.asarray(start, float), np.asarray(end, float)
+        if end.size > 1 and not bool((np.diff(end) >= 0).all()):
+            raise AssertionError("copy items must complete in item order")
+        return start, end
+
     # ---------------------------------------------------------------- reports
     def _oob_reports(self, op, ext, src, dst) -> list[dict]:
         out = []
@@ -436,6 +463,14 @@ class Executor:
 
     # ---------------------------------------------------------------- time helpers
     def _link(self, op):
+        """The link a copy takes (None: no queueing) and its timing parameters, per
+        (source, destination) pair (made once: the profile does not change in a run)."""
+        got = self._link_of.get((op.src, op.dst))
+        if got is None:
+            got = self._link_of[(op.src, op.dst)] = self._make_link(op)
+        return got
+
+    def _make_link(self, op):
         src, dst = self.buffers[op.src], self.buffers[op.dst]
         if src.location == "host":
             key, gbps = ("h2d", dst.device // self.p.gpus_per_link), self.p.h2d_gbps
@@ -575,8 +610,10 @@ class Executor:
             req = link.request()
             yield req
         t0 = self._t0[op.id] = self.env.now
-        start, end = item_times(op.plan, timing)
-        cp = _Copy(op, self.clipped.pop(op.id), np.asarray(start, float), np.asarray(end, float), t0)
+        start, end = self._memo(op.plan, ("times", timing), lambda: self._item_times(op.plan, timing))
+        c = self.clipped.pop(op.id)
+        ext_item_start = self._memo(op.plan, ("items",), lambda: np.searchsorted(c.item, np.arange(end.size + 1)))
+        cp = _Copy(op, c, start, end, t0, ext_item_start)
         self.active.append(cp)
         if self.keep_all:
             self.item_end_us[op.id] = cp.end_abs

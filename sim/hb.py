@@ -47,6 +47,7 @@ of a byte (a ``write`` op, another copy's extent) makes it determinate again.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -785,33 +786,85 @@ class OnlineClocks:
 
 class _LiveBuffer:
     """One buffer's accesses that may still race a later op: one row per merged
-    interval, columns start, end, op index, the op's clock component and position
-    in it, write (0/1), in an array grown by doubling (``n`` rows used)."""
+    interval, ``(start, end, op index, the op's clock component, its position in it,
+    write)``, in a list (rows are few and touched one at a time: plain Python).
 
-    START, END, OP, COMP, POS, WRITE = range(6)
+    Rows are indexed by the ``2**BUCKET_SHIFT``-byte buckets of the buffer they touch
+    (intervals spanning more than ``MAX_BUCKETS`` buckets are kept in ``wide``), so
+    the rows an interval can overlap are found without scanning every live row
+    (``overlapping``)."""
+
+    BUCKET_SHIFT = 16                   # 64 KiB buckets
+    MAX_BUCKETS = 8
 
     def __init__(self):
-        self.rows = np.zeros((64, 6), np.int64)
-        self.n = 0
+        self.rows: list[tuple] = []
+        self.buckets: dict[int, list[int]] = {}
+        self.wide: list[int] = []
 
-    def append(self, s: np.ndarray, e: np.ndarray, op: int, comp: int, pos: int, write: bool) -> None:
-        k = s.size
-        if self.n + k > len(self.rows):
-            grown = np.zeros((max(2 * len(self.rows), self.n + k), 6), np.int64)
-            grown[:self.n] = self.rows[:self.n]
-            self.rows = grown
-        if k == 1:
-            self.rows[self.n] = (int(s[0]), int(e[0]), op, comp, pos, int(write))
+    @property
+    def n(self) -> int:
+        return len(self.rows)
+
+    def _index(self, r: int, s: int, e: int) -> None:
+        sh = self.BUCKET_SHIFT
+        b0, b1 = s >> sh, (e - 1) >> sh
+        if b1 - b0 >= self.MAX_BUCKETS:
+            self.wide.append(r)
+            return
+        buckets = self.buckets
+        for b in range(b0, b1 + 1):
+            lst = buckets.get(b)
+            if lst is None:
+                buckets[b] = [r]
+            else:
+                lst.append(r)
+
+    def append(self, s: list, e: list, op: int, comp: int, pos: int, write: bool) -> None:
+        for s0, e0 in zip(s, e):
+            self._index(len(self.rows), s0, e0)
+            self.rows.append((s0, e0, op, comp, pos, write))
+
+    def overlapping(self, s: list, e: list) -> list:
+        """The live rows that overlap the merged intervals ``[s, e)`` (lists), in row order."""
+        rows = self.rows
+        sh = self.BUCKET_SHIFT
+        if ((e[-1] - 1) >> sh) - (s[0] >> sh) < 4 * self.MAX_BUCKETS:
+            cand = set(self.wide)
+            buckets = self.buckets
+            for si, ei in zip(s, e):
+                for b in range(si >> sh, ((ei - 1) >> sh) + 1):
+                    lst = buckets.get(b)
+                    if lst:
+                        cand.update(lst)
+            if not cand:
+                return []
+            cand = sorted(cand)
         else:
-            block = self.rows[self.n:self.n + k]
-            block[:, 0], block[:, 1] = s, e
-            block[:, 2:] = (op, comp, pos, int(write))
-        self.n += k
+            cand = range(len(rows))
+        out = []
+        if len(s) == 1:
+            lo, hi = s[0], e[0]
+            for r in cand:
+                row = rows[r]
+                if row[0] < hi and row[1] > lo:
+                    out.append(row)
+            return out
+        for r in cand:
+            row = rows[r]
+            j = bisect.bisect_right(e, row[0])        # first interval ending after the row's start
+            if j < len(s) and s[j] < row[1]:
+                out.append(row)
+        return out
 
-    def keep(self, mask: np.ndarray) -> None:
-        kept = self.rows[:self.n][mask]
-        self.rows[:kept.shape[0]] = kept
-        self.n = kept.shape[0]
+    def keep_after(self, floor: list) -> None:
+        """Keep the rows whose op does not happen before ``floor`` (a clock, as a list)."""
+        kept = [row for row in self.rows if floor[row[3]] < row[4]]
+        if len(kept) == len(self.rows):
+            return
+        self.rows, self.buckets, self.wide = kept, {}, []
+        for r, row in enumerate(kept):
+            self._index(r, row[0], row[1])
 
 
 class RaceTracker:
@@ -854,37 +907,28 @@ class RaceTracker:
         by_buf: dict[str, list] = {}
         for a in accs:
             by_buf.setdefault(a[0], []).append(a)
+        cl = None
         for buf, mine in by_buf.items():
             lb = self.live.get(buf)
             if lb is None:
                 lb = self.live[buf] = _LiveBuffer()
                 self.kept[buf] = []
-            if lb.n:
-                rows = lb.rows[:lb.n]
-                S, E = rows[:, 0], rows[:, 1]
-                hit_ops = []
-                for _, w, s, e in mine:
-                    if s.size == 1:
-                        idx = np.flatnonzero((S < int(e[0])) & (E > int(s[0])))
-                    else:
-                        j = np.searchsorted(e, S, side="right")
-                        idx = np.flatnonzero((j < s.size) & (s[np.minimum(j, s.size - 1)] < E))
-                    if not idx.size:
-                        continue
-                    sub = rows[idx]                # overlapping intervals: few
-                    m = clock[sub[:, 3]] < sub[:, 4]
-                    if not w:
-                        m &= sub[:, 5] == 1
-                    if m.any():
-                        hit_ops.append(sub[m, 2])
-                if hit_ops:
-                    ops = np.unique(np.concatenate(hit_ops)) if len(hit_ops) > 1 or hit_ops[0].size > 1 \
-                        else hit_ops[0]
-                    self.total += int(ops.size)
+            spans = [(w, s.tolist(), e.tolist()) for _, w, s, e in mine]
+            if lb.rows:
+                if cl is None:
+                    cl = clock.tolist()
+                hits = set()
+                for w, s, e in spans:
+                    for row in lb.overlapping(s, e):
+                        # unordered (the row's op is not before this one) and one side writes
+                        if cl[row[3]] < row[4] and (w or row[5]):
+                            hits.add(row[2])
+                if hits:
+                    self.total += len(hits)
                     if self.limit != 0:
-                        self._keep(buf, ops.tolist(), op_index, mine)
-            for _, w, s, e in mine:
-                lb.append(s, e, op_index, comp, pos, w)
+                        self._keep(buf, sorted(hits), op_index, mine)
+            for w, s, e in spans:
+                lb.append(s, e, op_index, comp, pos, bool(w))
         self._accs[op_index] = accs
         self._since_prune += 1
         if self._since_prune >= self.PRUNE_EVERY:
@@ -913,12 +957,19 @@ class RaceTracker:
             for y in b_accs:
                 if not (x[1] or y[1]):
                     continue
-                s, e, _ = _intersect_sets(x[2], x[3], y[2], y[3])
-                if s.size:
+                if x[2].size == 1 and y[2].size == 1:       # one interval each: plain integers
+                    lo, hi = max(int(x[2][0]), int(y[2][0])), min(int(x[3][0]), int(y[3][0]))
+                    s, e = (np.array([lo], np.int64), np.array([hi], np.int64)) if hi > lo else (None, None)
+                else:
+                    s, e, _ = _intersect_sets(x[2], x[3], y[2], y[3])
+                if s is not None and s.size:
                     pieces_s.append(s)
                     pieces_e.append(e)
                     first = first or (x, y)
-        s, e = _merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
+        if len(pieces_s) == 1 and pieces_s[0].size == 1:    # one interval: merged already
+            s, e = pieces_s[0], pieces_e[0]
+        else:
+            s, e = _merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
         entry = {"buffer": buf, "ops": (a, b), "writes": (first[0][1], first[1][1]),
                  "starts": s[:MAX_RACE_RANGES], "ends": e[:MAX_RACE_RANGES], "n_ranges": int(s.size),
                  "bytes": int((e - s).sum())}
@@ -929,14 +980,11 @@ class RaceTracker:
     def prune(self) -> None:
         """Drop the accesses that happen before every op still to be issued."""
         self._since_prune = 0
-        floor = self.clocks.floor()
+        floor = self.clocks.floor().tolist()
         alive_ops = set()
         for lb in self.live.values():
-            rows = lb.rows[:lb.n]
-            keep = floor[rows[:, 3]] < rows[:, 4]
-            if not keep.all():
-                lb.keep(keep)
-            alive_ops.update(np.unique(lb.rows[:lb.n, 2]).tolist())
+            lb.keep_after(floor)
+            alive_ops.update(row[2] for row in lb.rows)
         for i in [i for i in self._accs if i not in alive_ops]:
             del self._accs[i]
             self.info.pop(i, None)

@@ -44,6 +44,9 @@ DIGEST_CHUNK_BYTES = 16 << 20        # Memory.digest materialises at most this m
 # Buffers up to this size are digested by their bytes (sha256, comparable with a GPU run);
 # larger ones by their provenance (see Memory.digest).
 BYTE_DIGEST_LIMIT = 64 << 20
+#: byte digests remembered by provenance digest (Memory.digest)
+BYTE_DIGEST_CACHE = 256
+_BYTE_DIGESTS: dict[str, str] = {}
 
 
 def oob_origin(src_name: str) -> Origin:
@@ -77,6 +80,12 @@ def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
     copy_len = np.minimum(in_dst, in_src)
     return Clipped(s, d, n, np.asarray(ext.item, dtype=np.int64), copy_len,
                    np.minimum(in_src, in_dst), in_dst, src_nbytes)
+
+
+def clip_and_leaves(plan, src_nbytes: int, dst_nbytes: int) -> tuple[Clipped, bool]:
+    """A copy plan's extents clipped to its buffers, and whether any extent leaves one."""
+    c = clip_extents(plan.extents, src_nbytes, dst_nbytes)
+    return c, bool(c.length.size and int((c.length - c.copy_len).max()) > 0)
 
 
 def fits_materialised(buffers: dict) -> bool:
@@ -229,9 +238,18 @@ class Memory:
         if self.material is not None:
             h.update(memoryview(np.ascontiguousarray(self.material[name].data)))
             return h.hexdigest()
+        # NOTE: the bytes are a function of the provenance, so buffers with equal provenance
+        # (the same pool on every TP rank, a buffer no op touched) are hashed once
+        key = buf.provenance_digest()
+        got = _BYTE_DIGESTS.get(key)
+        if got is not None:
+            return got
         for offset in range(0, buf.nbytes, DIGEST_CHUNK_BYTES):
             h.update(memoryview(buf.materialise(offset, min(DIGEST_CHUNK_BYTES, buf.nbytes - offset))))
-        return h.hexdigest()
+        if len(_BYTE_DIGESTS) >= BYTE_DIGEST_CACHE:
+            _BYTE_DIGESTS.clear()
+        got = _BYTE_DIGESTS[key] = h.hexdigest()
+        return got
 
     def neighbour(self, name: str, offset: int) -> str:
         """Which buffer an address ``offset`` bytes from ``name``'s base falls in."""

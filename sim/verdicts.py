@@ -47,7 +47,7 @@ from sim.executor import ReadCapture, RunResult, run_reference
 from sim.hb import (RACE_LIMIT, HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, _merge_intervals,
                     _subtract, accesses, double_written, indeterminate_read_bytes, intra_launch_races,
                     race_scan)
-from sim.memory import Memory, clip_extents, oob_origin
+from sim.memory import Memory, clip_and_leaves as _clip_and_leaves, clip_extents, oob_origin
 
 MAX_DESCRIBE = 16
 #: per intra-launch race: ranges listed, ranges whose candidate writers are described, writers per range
@@ -550,8 +550,10 @@ class OnlineVerdicts:
     are listed up to ``race_limit`` (given to the run)."""
 
     def __init__(self, buffers: dict, streams, hosts, table, *, race_limit: int | None = RACE_LIMIT,
-                 ops: list | None = None):
+                 ops: list | None = None, memo=None):
         self.buffers = buffers
+        # memo(plan, what, make): what the executor derives from copy plans, shared with it
+        self._memo = memo if memo is not None else (lambda plan, what, make: make())
         self.race_limit = race_limit
         self.ref = Memory(buffers, materialise=False, table=table)
         self.clocks = OnlineClocks(streams, hosts)
@@ -606,7 +608,9 @@ class OnlineVerdicts:
 
     def _copy(self, op, c=None) -> list:
         src, dst = self.buffers[op.src], self.buffers[op.dst]
-        c = c if c is not None else clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+        if c is None:
+            c = self._memo(op.plan, ("clip", src.nbytes, dst.nbytes),
+                           lambda: _clip_and_leaves(op.plan, src.nbytes, dst.nbytes))[0]
         dw = None
         if c.item.size >= 2 and not bool((c.item == c.item[0]).all()):
             dw = double_written(c.dst, c.dst + c.fill_end, c.item)
@@ -637,8 +641,9 @@ class OnlineVerdicts:
         if pc:
             self.placement.append(pc)
         self.ref.apply_copy(op.src, op.dst, c)
-        return [(op.src, False, *_merge(c.src, np.minimum(c.length, c.fill_start))),
-                (op.dst, True, *_merge(c.dst, c.fill_end))]
+        rs, re_, ws, we = self._memo(op.plan, ("accesses", src.nbytes, dst.nbytes), lambda: (
+            *_merge(c.src, np.minimum(c.length, c.fill_start)), *_merge(c.dst, c.fill_end)))
+        return [(op.src, False, rs, re_), (op.dst, True, ws, we)]
 
     @staticmethod
     def _race_entry(entry: dict, a_info, b_info) -> dict:

@@ -597,11 +597,69 @@ ROUTINES: dict[str, Routine] = {r.name: r for r in (
 )}
 
 
+#: plans ``plan`` keeps (a plan is a pure function of its routine, layouts and arguments,
+#: and a host program issues the same copy shape again and again: the same layer and
+#: pages on every TP rank, the same ring of pages request after request)
+PLAN_CACHE_SIZE = 4096
+#: index lists longer than this are planned afresh (hashing them costs what planning does)
+PLAN_CACHE_MAX_INDICES = 256
+_plan_cache: dict = {}
+
+
+def _arg_key(v):
+    """A hashable key of one argument value that tells apart every value the routines treat
+    differently (the type is part of it: ``True`` is refused where ``1`` is a layer), or
+    None for a value not worth caching (long index lists, arrays, anything else)."""
+    t = type(v)
+    if t is int or t is float or t is str or v is None:
+        return (t, v)
+    if (t is list or t is tuple) and len(v) <= PLAN_CACHE_MAX_INDICES and all(type(x) is int for x in v):
+        return (t, tuple(v))
+    return None
+
+
+def _plan_key(routine, src_layout, dst_layout, args):
+    if type(args) is not dict or type(routine) is not str:
+        return None
+    items = []
+    for k, v in args.items():
+        kv = _arg_key(v)
+        if kv is None or type(k) is not str:
+            return None
+        items.append((k, kv))
+    items.sort()
+    key = (routine, src_layout, dst_layout, tuple(items))
+    try:
+        hash(key)
+    except TypeError:          # a layout with an unhashable field: plan afresh
+        return None
+    return key
+
+
 def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -> CopyPlan:
     """The extents and launch shape of ``routine`` with ``args`` between two layouts.
 
-    ``where`` prefixes every InputError path (``where + '.args.<key>'``).
+    ``where`` prefixes every InputError path (``where + '.args.<key>'``).  Plans of
+    short argument lists are cached (``PLAN_CACHE_SIZE``): the same inputs give the
+    same ``CopyPlan`` object, whose arrays callers must not modify.
     """
+    key = _plan_key(routine, src_layout, dst_layout, args)
+    if key is not None:
+        got = _plan_cache.get(key)
+        if got is not None:
+            return got
+    out = _plan(routine, src_layout, dst_layout, args, where)
+    if key is not None:
+        e = out.extents
+        for a in (e.src, e.dst, e.length, e.item):
+            a.setflags(write=False)     # shared from now on
+        if len(_plan_cache) >= PLAN_CACHE_SIZE:
+            _plan_cache.clear()     # NOTE: bounded memory; a run's working set refills it at once
+        _plan_cache[key] = out
+    return out
+
+
+def _plan(routine: str, src_layout, dst_layout, args: Mapping, where: str) -> CopyPlan:
     where = where or "copy"
     if routine not in ROUTINES:
         raise InputError(where + ".routine", f"expected one of {sorted(ROUTINES)}, got {show(routine)}")
