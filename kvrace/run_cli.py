@@ -60,7 +60,8 @@ def format_run(d: dict) -> str:
         ("latent races", f"{d['latent_races']}" + (f"  {d['latent_races_by_buffer']}" if d['latent_races'] else "")),
         ("out-of-bounds writes", f"{d['oob_writes']}"),
         ("load-backs", f"{d['load_backs']} ({d['load_back_tokens']} tokens); backups {d['backups']}"),
-        ("batches", f"{d['batches']} ({d.get('forwards_one_step', 0)} forwards in one step)"),
+        ("batches", f"{d['batches']} ({d['forwards_one_step']} forwards in one step, "
+                    f"{d['chunked_batches']} with a chunk of a longer prefill)"),
         ("simulated time", f"{d['sim_time_s']:.3f} s (wall {d['wall_time_s']:.1f} s)"),
     ]
     w = max(len(k) for k, _ in rows)

@@ -244,3 +244,28 @@ def test_run_layers_key_cuts_the_model():
     assert e.model.n_layers == 3
     with pytest.raises(InputError, match="run.layers"):
         PrefillEngine(load_scenario("glm5-22811-small", ["run.layers=99"]), 0)
+
+
+def test_chunked_prefill_splits_a_long_request_over_batches():
+    """A request whose new tokens exceed scheduler.chunked_prefill_size runs in page-aligned
+    chunks, one per batch, keeping its lock; every request still completes, reads only its own
+    slots, and each chunk's forward reads the whole context computed so far."""
+    e = small("upstream-0.5.10", "scheduler.chunked_prefill_size=256")
+    seen, run_batch = [], e._run_batch
+
+    def spy(batch):
+        seen.append([(a.req.rid, a.done, a.chunk, a.n_new) for a in batch])
+        run_batch(batch)
+
+    e._run_batch = spy
+    r = e.run()
+    assert r.chunked_batches > 0 and r.requests_completed == r.requests_total
+    assert all(sum(c for _, _, c, _ in b) <= 256 for b in seen)
+    # each request's chunks are contiguous and cover its new tokens exactly once
+    per: dict = {}
+    for b in seen:
+        for rid, done, chunk, n_new in b:
+            assert done == per.get(rid, 0) and chunk >= 1
+            per[rid] = done + chunk
+            assert per[rid] <= n_new
+    assert sum(1 for b in seen for rid, done, _, _ in b if done > 0) == r.chunked_batches

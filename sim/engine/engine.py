@@ -86,7 +86,8 @@ class EngineResult:
     each corrupted read (op id, layer, reader, role, status, waited, consumer index,
     requests).  ``sim_time_s``: simulated time at the end; ``wall_time_s``: wall time of the
     run and its analysis.  ``forwards_one_step``: forwards advanced in one step (nothing in
-    flight: ``run.one_step``); ``hicache``: whether HiCache was on (``hicache.prefill``)."""
+    flight: ``run.one_step``); ``hicache``: whether HiCache was on (``hicache.prefill``);
+    ``chunked_batches``: batches after which a chunked request still had chunks to go."""
 
     scenario: str
     seed: int
@@ -112,6 +113,7 @@ class EngineResult:
     ownership_checks: int = 0
     forwards_one_step: int = 0
     hicache: bool = True
+    chunked_batches: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -147,6 +149,8 @@ class _Admitted:
     node: object                # the locked last node
     new: np.ndarray             # the new tokens' slots (whole pages; the first n_new are used)
     n_new: int
+    done: int = 0               # new tokens computed by earlier chunks
+    chunk: int = 0              # new tokens this batch computes
 
 
 class PrefillEngine:
@@ -221,13 +225,17 @@ class PrefillEngine:
         self.waiting: list[Request] = []
         self.issues: list[ForwardIssue] = []
         self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer index)
-        self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0)
+        self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
+        self.chunked: _Admitted | None = None
         self.completed: list[int] = []
 
     # ---------------------------------------------------------------- one request
-    def _admit(self, req: Request, budget_tokens: int) -> _Admitted | None:
+    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
-        it does not fit the chunk budget or the device pool now."""
+        it does not fit the chunk budget (and may not be chunked) or the device pool now.
+        A request whose new tokens exceed the budget is admitted as the chunked request when
+        ``can_chunk`` and at least a page of budget is left: this batch computes a page-aligned
+        first chunk of it (``chunk``), later batches the rest."""
         cache = self.cache
         ids = tokens(req)
         key = RadixKey(ids)
@@ -236,7 +244,8 @@ class PrefillEngine:
         # (at least one token is computed, for its logits); the tree matches whole pages
         m = cache.match_prefix(MatchPrefixParams(RadixKey(ids[:n_total - 1])))
         prefix, node = m.device_indices, m.last_device_node
-        if n_total - len(prefix) - m.host_hit_length > budget_tokens:
+        chunk_room = int(budget_tokens // self.page * self.page) if np.isfinite(budget_tokens) else 0
+        if n_total - len(prefix) - m.host_hit_length > budget_tokens and not (can_chunk and chunk_room >= self.page):
             return None
         # NOTE: room for the load-back and the new tokens is made (evicting) BEFORE the
         # load-back, as PrefillAdder checks its token budget before init_load_back: a load
@@ -265,7 +274,8 @@ class PrefillEngine:
         if new is None:
             raise EngineError(f"request {req.rid}: {pages * self.page} device tokens were free before its "
                               f"load-back and are not now ({self.session.allocator.available_size()} free)")
-        return _Admitted(req, key, np.asarray(prefix, np.int64), loaded, node, new, n_new)
+        chunk = n_new if n_new <= budget_tokens else chunk_room
+        return _Admitted(req, key, np.asarray(prefix, np.int64), loaded, node, new, n_new, 0, chunk)
 
     def _ensure(self, need: int) -> bool:
         """At least ``need`` free device tokens, evicting the shortfall; False if eviction
@@ -328,19 +338,26 @@ class PrefillEngine:
         budget = np.inf if cps == -1 else cps
         batch: list[_Admitted] = []
         used = 0
+        # NOTE: as SGLang's PrefillAdder, the chunked request in progress goes first with its
+        # next chunk; at most one request is chunked at a time
+        if self.chunked is not None:
+            a, self.chunked = self.chunked, None
+            a.chunk = int(min(a.n_new - a.done, budget))
+            batch.append(a)
+            used += a.chunk
+        chunking = bool(batch)
         rest = []
         for req in sorted(self.waiting, key=lambda r: (r.arrival_us, r.rid)):
-            if req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests:
+            if req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests or used >= budget:
                 rest.append(req)
                 continue
-            # NOTE: no chunked prefill: a request bigger than the chunk goes alone in its batch
-            room = budget - used if batch else max(budget, req.input_len)
-            a = self._admit(req, room)
+            a = self._admit(req, budget - used, can_chunk=not chunking)
             if a is None:
                 rest.append(req)
                 continue
             batch.append(a)
-            used += a.n_new
+            used += a.chunk
+            chunking = chunking or a.chunk < a.n_new
         self.waiting = rest
         return batch
 
@@ -351,12 +368,12 @@ class PrefillEngine:
         consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
         self._check_ownership(batch)
         for a in batch:
-            s.store_kv(a.new[:a.n_new], owner=a.req.rid, stream="forward", sync=False)
+            s.store_kv(a.new[a.done:a.done + a.chunk], owner=a.req.rid, stream="forward", sync=False)
         reqs = []
         for a in batch:
-            slots = np.concatenate([a.prefix, a.new[:a.n_new]])
+            slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
             entries = {role: s.entries_of(name, slots) for role, (name, _) in self.buffers.items()}
-            reqs.append(BatchRequest(a.req.rid, entries, a.n_new, len(slots)))
+            reqs.append(BatchRequest(a.req.rid, entries, a.chunk, len(slots)))
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
         fb = ForwardBatch("extend", tuple(reqs), consumer)
         # NOTE: one step only where nothing can interleave: no load into these buffers in flight
@@ -372,6 +389,14 @@ class PrefillEngine:
             self.read_rids[r.op_id] = (r, consumer)
         s.synchronize(stream="forward")
         for a in batch:
+            a.done += a.chunk
+            if a.done < a.n_new:
+                # NOTE: the chunked request keeps its lock and slots; its KV enters the tree when
+                # its last chunk is done (SGLang inserts each chunk's prefix as it goes, which
+                # only lets other requests share it sooner)
+                self.chunked = a
+                self.counts["chunks"] += 1
+                continue
             res = self.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
             aligned = len(a.key) // self.page * self.page
             dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
@@ -496,7 +521,7 @@ class PrefillEngine:
             backups=s.controller.writes_started, batches=self.counts["batches"], branches=self._branches(run),
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
             ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
-            hicache=self.hicache)
+            hicache=self.hicache, chunked_batches=self.counts["chunks"])
 
     def _requests_hit(self, info, obs, ref) -> set[int]:
         """Requests of the read whose entries' bytes hold a differing byte."""
