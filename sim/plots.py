@@ -184,7 +184,7 @@ def plot_timeline(tl, base: str, *, title: str | None = None) -> list[str]:
                     arrowprops={"arrowstyle": "->", "color": "#e377c2", "lw": 1.2,
                                 "connectionstyle": "arc3,rad=0.15"})
     ax.set_yticks(list(lane_y.values()), [lane.replace(":", " ") for lane in lane_y])
-    ax.set_xlabel("simulated time (us)")
+    ax.set_xlabel(f"{tl.clock} time (us)")
     ax.set_xlim(-span * 0.02, span * 1.04)
     ax.grid(True, axis="x", alpha=0.3)
     kinds = sorted({sl.kind for sl in tl.slices})

@@ -98,6 +98,7 @@ class Timeline:
     marks: list[Mark]
     edges: list[Edge]
     end_us: float
+    clock: str = "simulated"      # "measured" for a GPU run's timeline (measured_timeline)
 
 
 def _lane(op) -> str:
@@ -188,7 +189,7 @@ def chrome_trace(tl: Timeline) -> dict:
     meta, timed = _trace_events(tl, None, 0, 0)
     return {"traceEvents": meta + timed, "displayTimeUnit": "ns",
             "otherData": {"kvrace_trace": 1, "schedule": tl.name, "profile": tl.profile, "end_us": tl.end_us,
-                          "time_unit": "simulated microseconds"}}
+                          "time_unit": f"{tl.clock} microseconds"}}
 
 
 def combined_trace(parts: list[tuple[str, Timeline]]) -> dict:
@@ -358,4 +359,4 @@ def measured_timeline(schedule, timings_us: dict, statuses: dict | None = None, 
                                   record_at[op.bound_record], t1))
     end = max([sl.end_us for sl in slices], default=0.0)
     return Timeline(name or schedule.name, source, [f"stream:{st}" for st in schedule.streams], slices, [], marks,
-                    edges, end)
+                    edges, end, clock="measured")

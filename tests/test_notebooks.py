@@ -17,8 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-#: the notebooks issue 11 (item 4) asks for that need no engine or GPU
-EXPECTED = {"race_window.ipynb", "race_probability.ipynb"}
+#: the notebooks issue 11 (item 4) asks for (gpu_replay replays only when a GPU is present)
+EXPECTED = {"race_window.ipynb", "race_probability.ipynb", "gpu_replay.ipynb"}
 CELL_TIMEOUT_S = 120
 KERNEL = "python3"
 
