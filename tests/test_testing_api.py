@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, find, given, settings, strategies as st
+from hypothesis import HealthCheck, Phase, event, find, given, settings, strategies as st
 
 from kvrace.cli import main as kvrace_main
 from sim.hb import latent_races
@@ -345,3 +345,45 @@ def test_load_forward_program_records_loads_per_layer_before_each_layer_event():
     for L in range(3):
         k = load.index(f"b0.L{L}.loaded")
         assert load[k - 2:k] == [f"b0.load.L{L}.latent", f"b0.load.L{L}.index_k"]
+
+
+# ---------------------------------------------------------------- write_failure on random schedules
+
+def _check_written_failure(pair, d: Path) -> None:
+    from sim.testing import write_failure
+
+    doc, il = pair
+    s, run = run_interleaving(doc, il, materialise=False)
+    rep = analyse(run)
+    if not corrupt_reads(rep):
+        event("no corrupt read")
+        return
+    files = write_failure(s, il, rep, d)
+    event("corrupt read, forced order written" if files["forced"] else "corrupt read, no forced order")
+    record = json.loads(files["record"].read_text())
+    argv = record["schedule_run"][1:]
+    argv[2] = str(d / argv[2])
+    again = _cli_report(argv + ["--compact-only"], d, "again")
+    assert {r["op"]: r["provenance_sha256"] for r in corrupt_reads(again)} == \
+        {r["op"]: r["provenance_sha256"] for r in record["corrupt_reads"]}
+    if files["forced"] is None:
+        assert record["forced_missing_because"]
+        return
+    forced = _cli_report(["schedule", "run", str(files["forced"]), "--compact-only"], d, "forced")
+    assert forced["corrupt_reads"] == 0
+    _, atomic = run_interleaving(doc, Interleaving(il.first, il.delays, il.seed, True), materialise=False)
+    want = {r["op"]: r["provenance_sha256"] for r in analyse(atomic)["reads"]}
+    assert {r["op"]: r["provenance_sha256"] for r in forced["reads"]} == want
+
+
+@settings(FAST, max_examples=10)
+@given(pair=schedules_with_interleavings(schedules(max_ops=10)))
+def test_a_written_failure_reproduces_and_its_forced_order_sees_the_same_bytes(pair, tmp_path_factory):
+    _check_written_failure(pair, tmp_path_factory.mktemp("wf"))
+
+
+@pytest.mark.slow
+@settings(DEEP, max_examples=150)
+@given(pair=schedules_with_interleavings(schedules(max_ops=16)))
+def test_a_written_failure_reproduces_deep(pair, tmp_path_factory):
+    _check_written_failure(pair, tmp_path_factory.mktemp("wf"))
