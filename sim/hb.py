@@ -882,7 +882,8 @@ class RaceTracker:
     which is what ``race_scan(s, hb, limit)`` lists: buffers in order of first
     access, pairs in op order."""
 
-    #: live accesses are pruned when this many were added since the last prune
+    #: live accesses are pruned when this many ops were added since the last prune (and
+    #: at least as many as were live after it)
     PRUNE_EVERY = 512
 
     def __init__(self, clocks: OnlineClocks, limit: int | None, describe=None):
@@ -895,6 +896,7 @@ class RaceTracker:
         self.info: dict[int, tuple] = {}                # live op index -> caller's info (for entries)
         self._accs: dict[int, list] = {}                # live op index -> [(buffer, write, starts, ends)]
         self._since_prune = 0
+        self._live_after_prune = 0
         self._seq = 0
 
     def add(self, op_index: int, comp: int, pos: int, clock: np.ndarray, accs: list, info=None) -> None:
@@ -931,7 +933,9 @@ class RaceTracker:
                 lb.append(s, e, op_index, comp, pos, bool(w))
         self._accs[op_index] = accs
         self._since_prune += 1
-        if self._since_prune >= self.PRUNE_EVERY:
+        # NOTE: a prune costs O(live accesses); pruning after at least that many adds keeps
+        # its cost O(1) per add, and the live set within a constant factor of what can race
+        if self._since_prune >= self.PRUNE_EVERY and self._since_prune >= self._live_after_prune:
             self.prune()
 
     def _keep(self, buf: str, a_ops: list, b: int, mine: list) -> None:
@@ -984,7 +988,8 @@ class RaceTracker:
         alive_ops = set()
         for lb in self.live.values():
             lb.keep_after(floor)
-            alive_ops.update(row[2] for row in lb.rows)
+            alive_ops.update([row[2] for row in lb.rows])
+        self._live_after_prune = self.live_accesses()
         for i in [i for i in self._accs if i not in alive_ops]:
             del self._accs[i]
             self.info.pop(i, None)

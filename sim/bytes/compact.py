@@ -500,8 +500,13 @@ class CompactBuffer:
         buf._init(nbytes, table, start, oid, soff)
         return buf
 
+    #: ``small_runs()`` remembered by a buffer made with its runs at hand (a read's view);
+    #: every write forgets it
+    _runs = None
+
     def _replace(self, k0: int, k1: int, st, oid, soff) -> None:
         """Replace blocks ``[k0, k1)`` by segments cut into even blocks."""
+        self._runs = None
         n = len(st)
         old = sum(len(b) for b in self._bs[k0:k1])
         nblk = -(-n // self.block_segments)
@@ -566,6 +571,8 @@ class CompactBuffer:
         """The maximal runs ``(start, origin_id, stream_offset)`` as a list of tuples when
         the buffer has at most ``SMALL_RUNS`` segments in one block (a read's view), else
         None: what ``coalesced_segments`` gives, without numpy."""
+        if self._runs is not None:
+            return self._runs
         if self._count > self.SMALL_RUNS or len(self._bs) != 1:
             return None
         runs, last = [], None
@@ -615,8 +622,17 @@ class CompactBuffer:
             got = self._pieces_small(offset, offset + nbytes)
             if got is not None:
                 ps, _, po, pf = got
-                return CompactBuffer._from_segments(nbytes, self.table, np.array(ps, _I64) - offset,
-                                                    np.array(po, _I64), np.array(pf, _I64))
+                out = CompactBuffer._from_segments(nbytes, self.table, np.array(ps, _I64) - offset,
+                                                   np.array(po, _I64), np.array(pf, _I64))
+                if len(ps) <= self.SMALL_RUNS:       # what small_runs() would compute, at hand
+                    runs, last = [], None
+                    for a, o, f in zip(ps, po, pf):
+                        if last is not None and o == last[1] and f == last[2] + (a - offset - last[0]):
+                            continue
+                        last = (a - offset, o, f)
+                        runs.append(last)
+                    out._runs = runs
+                return out
         p = self.pieces(offset, nbytes)
         return CompactBuffer._from_segments(nbytes, self.table, p.start - int(offset),
                                             p.origin_id, p.stream_offset)
@@ -784,6 +800,7 @@ class CompactBuffer:
         else:
             self._bs[k], self._bo[k], self._bf[k] = new_s, new_o, new_f
             self._count += len(new_s) - n
+            self._runs = None
         return True
 
     def _write(self, ns, ne, noid, nsoff) -> None:

@@ -1,0 +1,184 @@
+"""The executor's scale fast paths (issue 7, item 5) give what their slow paths give:
+cached copy plans, per-plan memos of clipping, item times and accesses, the race
+tracker's bucket index of live accesses, byte digests shared by equal provenance,
+and the runs a read's view remembers.  Each is compared with the path it replaces on
+random schedules (``tests/strategies.py``)."""
+import hashlib
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.memory as memory
+import sim.transfers.routines as routines
+from sim.bytes.compact import CompactBuffer, OriginTable
+from sim.bytes.pattern import Origin
+from sim.executor import Executor, run_schedule
+from sim.hb import HappensBefore, OnlineClocks, RaceTracker, _LiveBuffer, accesses, race_scan
+from sim.memory import Memory
+from sim.schedule import validate
+from sim.verdicts import analyse
+from tests.helpers import profile
+from tests.strategies import rich_schedules, schedules
+
+P = profile(jitter_frac=0.1)
+SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+any_schedule = st.one_of(rich_schedules(max_ops=14), schedules(max_ops=14))
+
+
+def _same_plan(a, b) -> None:
+    ea, eb = a.extents, b.extents
+    for x, y in ((ea.src, eb.src), (ea.dst, eb.dst), (ea.length, eb.length), (ea.item, eb.item)):
+        assert np.array_equal(x, y)
+    assert ea.n_items == eb.n_items and a.launch == b.launch and a.routine == b.routine
+
+
+@SETTINGS
+@given(any_schedule)
+def test_cached_plans_equal_fresh_plans(doc):
+    s = validate(doc)
+    for op in s.ops:
+        if op.op != "copy":
+            continue
+        src, dst = s.buffers[op.src].layout, s.buffers[op.dst].layout
+        fresh = routines._plan(op.routine, src, dst, op.args, op.id)
+        _same_plan(fresh, op.plan)
+        again = routines.plan(op.routine, src, dst, dict(op.args), op.id)
+        _same_plan(fresh, again)
+        if routines._plan_key(op.routine, src, dst, op.args) is not None:
+            assert again is op.plan and not again.extents.src.flags.writeable
+
+
+def test_plan_key_tells_apart_what_the_routines_treat_differently():
+    lay = validate(_doc_with_copy())
+    src, dst = lay.buffers["H"].layout, lay.buffers["D"].layout
+    key = lambda args: routines._plan_key("kernel_per_layer", src, dst, args)   # noqa: E731
+    base = {"layer": 0, "src_indices": [1, 2], "dst_indices": [3, 4]}
+    assert key(base) == key(dict(reversed(list(base.items()))))
+    assert key(base) != key({**base, "layer": False})             # a bool is refused as a layer
+    assert key(base) != key({**base, "src_indices": (1, 2)})
+    assert key(base) != key({**base, "layer": 1})
+    assert key({**base, "src_indices": np.array([1, 2])}) is None   # arrays are planned afresh
+    assert key({**base, "src_indices": list(range(routines.PLAN_CACHE_MAX_INDICES + 1))}) is None
+
+
+def _doc_with_copy() -> dict:
+    from tests.strategies import base_buffers
+    return {"kvrace_schedule": 2, "name": "one_copy", "buffers": base_buffers(), "streams": ["s0"],
+            "events": [], "ops": []}
+
+
+@SETTINGS
+@given(any_schedule, st.integers(0, 3), st.sampled_from(["all", "report"]))
+def test_memoised_runs_equal_unmemoised_runs(doc, seed, keep):
+    """Clipping, item times and accesses memoised per plan, and plans cached: the same
+    report as every one of them computed afresh for every copy."""
+    fast = analyse(run_schedule(validate(doc), P, seed=seed, keep=keep))
+    mp = __import__("pytest").MonkeyPatch()
+    try:
+        mp.setattr(Executor, "_memo", lambda self, plan, what, make: make())
+        mp.setattr(routines, "_plan_key", lambda *a: None)
+        slow = analyse(run_schedule(validate(doc), P, seed=seed, keep=keep))
+    finally:
+        mp.undo()
+    assert fast == slow
+
+
+@SETTINGS
+@given(any_schedule, st.sampled_from([None, 0, 2]), st.integers(3, 12), st.integers(0, 3))
+def test_race_tracker_bucket_index_equals_race_scan(doc, limit, shift, max_buckets):
+    """Tiny buckets, so that intervals span several buckets, the wide list and the
+    full scan of a long query are all exercised; pruning as early as allowed."""
+    s = validate(doc)
+    scan = race_scan(s, HappensBefore(s), limit)
+    mp = __import__("pytest").MonkeyPatch()
+    try:
+        mp.setattr(_LiveBuffer, "BUCKET_SHIFT", shift)
+        mp.setattr(_LiveBuffer, "MAX_BUCKETS", max_buckets)
+        clocks = OnlineClocks(s.streams, s.hosts)
+        tracker = RaceTracker(clocks, limit)
+        tracker.PRUNE_EVERY = 1
+        by_op: dict[int, list] = {}
+        for acc in accesses(s):
+            by_op.setdefault(acc.op, []).append((acc.buffer, acc.write, acc.starts, acc.ends))
+        for op in s.ops:
+            comp, pos, clock = clocks.add(op)
+            tracker.add(op.index, comp, pos, clock, by_op.get(op.index, []))
+    finally:
+        mp.undo()
+    assert tracker.total == scan.total
+    got = [(e["buffer"], e["ops"], e["bytes"], e["n_ranges"], [int(x) for x in e["starts"]],
+            [int(x) for x in e["ends"]], e["writes"]) for e in tracker.listed(limit)]
+    want = [(r["buffer"], r["ops"], r["bytes"], r["n_ranges"], [int(x) for x in r["starts"]],
+             [int(x) for x in r["ends"]]) for r in scan.races]
+    assert [g[:6] for g in got] == want
+
+
+def test_live_buffer_overlapping_equals_a_scan():
+    rng = np.random.default_rng(7)
+    lb = _LiveBuffer()
+    rows = []
+    for k in range(300):
+        s0 = int(rng.integers(0, 1 << 20))
+        e0 = s0 + int(rng.choice([1, 100, 1 << 14, 1 << 19]))
+        lb.append([s0], [e0], k, 0, k + 1, bool(k % 2))
+        rows.append((s0, e0, k, 0, k + 1, bool(k % 2)))
+    for _ in range(200):
+        n = int(rng.integers(1, 4))
+        cuts = np.sort(rng.choice(1 << 21, 2 * n, replace=False))
+        s, e = cuts[0::2].tolist(), cuts[1::2].tolist()
+        want = [r for r in rows if any(r[0] < b and r[1] > a for a, b in zip(s, e))]
+        assert lb.overlapping(s, e) == want
+    lb.keep_after([150])
+    assert lb.rows == [r for r in rows if r[4] > 150]
+    assert lb.overlapping([0], [1 << 21]) == lb.rows
+
+
+@SETTINGS
+@given(any_schedule, st.integers(0, 3))
+def test_shared_byte_digests_equal_hashed_bytes(doc, seed):
+    run = run_schedule(validate(doc), P, seed=seed, materialise=False)
+    memory._BYTE_DIGESTS.clear()
+    first = {name: run.memory.digest(name) for name in run.memory.specs}
+    again = {name: run.memory.digest(name) for name in run.memory.specs}     # from the cache
+    assert first == again
+    for name, spec in run.memory.specs.items():
+        if spec.nbytes <= memory.BYTE_DIGEST_LIMIT:
+            assert first[name] == hashlib.sha256(run.memory.final_bytes(name).tobytes()).hexdigest()
+
+
+def test_equal_provenance_shares_one_digest_and_different_does_not():
+    doc = _doc_with_copy()
+    s = validate(doc)
+    a, b = Memory(s.buffers, materialise=False), Memory(s.buffers, materialise=False)
+    memory._BYTE_DIGESTS.clear()
+    assert a.digest("D") == b.digest("D") and len(memory._BYTE_DIGESTS) == 1
+    b.write_units("D", 0, np.array([1]), *_unit_extent(s, "D", 1), owner=3, version=1)
+    assert b.digest("D") != a.digest("D")
+    assert b.digest("D") == hashlib.sha256(b.final_bytes("D").tobytes()).hexdigest()
+
+
+def _unit_extent(s, name, unit):
+    lay = s.buffers[name].layout
+    off = np.asarray(lay.unit_offsets(0, np.array([unit])), np.int64)
+    return off, np.full(off.size, lay.unit_bytes, np.int64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 255), st.integers(1, 64), st.integers(0, 3), st.integers(0, 500)),
+                max_size=30),
+       st.integers(0, 255), st.integers(1, 64))
+def test_runs_a_view_remembers_equal_its_computed_runs(writes, off, n):
+    t = OriginTable()
+    buf = CompactBuffer(320, t, Origin("kv", 0, -1, 0, 16))
+    for d, ln, owner, so in writes:
+        ln = min(ln, 320 - d)
+        buf.fill(d, ln, Origin("kv", 0, owner, 1, 16), so)
+    n = min(n, 320 - off)
+    view = buf.slice(off, n)
+    remembered = view.small_runs()
+    view._runs = None
+    assert remembered == view.small_runs()
+    view._runs = remembered
+    view.fill(0, 1, Origin("kv", 1, 9, 1, 16), 5)            # a write forgets them
+    assert view._runs is None
