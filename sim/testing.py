@@ -457,13 +457,17 @@ class LoadForward:
     programs never branch on timing, so :meth:`schedule` (the recorded run) is the same program
     whatever the interleaving: draw interleavings over it."""
 
-    header: dict
-    programs: Mapping[str, Callable]
-    gate_map: Any
-    layers: int
-    requests: tuple
-    options: Mapping[str, str]
+    header: dict = field(repr=False)
+    programs: Mapping[str, Callable] = field(repr=False)
+    gate_map: Any = field(repr=False)
+    layers: int = 1
+    requests: tuple = ()
+    options: Mapping[str, str] = field(default_factory=dict)
     load_fence: bool = True
+
+    def __repr__(self) -> str:       # what Hypothesis prints for a falsifying example
+        return (f"LoadForward(gate_map={self.gate_map.name!r}, layers={self.layers}, requests={self.requests}, "
+                f"options={dict(self.options)}, load_fence={self.load_fence})")
 
     def run(self, profile: str = "h200", **kw):
         """Run the host programs (``sim.executor.run_programs``; keywords as there)."""
