@@ -165,7 +165,8 @@ def linearizations(model: RaceModel, max_orders: int | None = None) -> Iterator[
             if max_orders is not None and count >= max_orders:
                 return
             stack.pop()
-            _undo(order, succ, indeg)
+            if order:
+                _undo(order, succ, indeg)
             continue
         if k == len(ready):
             stack.pop()
