@@ -37,7 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -599,14 +599,13 @@ def load_forward_programs(draw, *, gate_maps: Sequence = ("upstream-0.5.10", "up
                              "id": f"b{b}.load.L{L}.index_k",
                              "args": {"layer": L, "src_indices": toks(src_p), "dst_indices": toks(dst_p)}})
                     h.issue({"op": "record", "stream": "load", "event": f"b{b}.L{L}", "id": f"b{b}.L{L}.loaded"})
-            news = [(rid, new, n_new) for rid, _, _, _, _, new, n_new in batch]
-            for L in range(layers):
-                h.issue({"op": "write", "stream": "forward", "buffer": "kv_buffer", "layer": L, "id": f"b{b}.store.L{L}.latent",
-                         "units": [new * _LF_PAGE + t for _, new, n in news for t in range(n)],
-                         "owner": 1000 + b, "version": 1})
-                h.issue({"op": "write", "stream": "forward", "buffer": "index_k_with_scale_buffer", "layer": L,
-                         "id": f"b{b}.store.L{L}.index_k", "units": [new for _, new, _ in news],
-                         "owner": 1000 + b, "version": 1})
+            for rid, _, _, _, _, new, n_new in batch:       # the new tokens' KV, stored by the forward
+                for L in range(layers):
+                    h.issue({"op": "write", "stream": "forward", "buffer": "kv_buffer", "layer": L,
+                             "id": f"r{rid}.store.L{L}.latent", "units": [new * _LF_PAGE + t for t in range(n_new)],
+                             "owner": rid, "version": 2})
+                    h.issue({"op": "write", "stream": "forward", "buffer": "index_k_with_scale_buffer", "layer": L,
+                             "id": f"r{rid}.store.L{L}.index_k", "units": [new], "owner": rid, "version": 2})
             brs = []
             for rid, _, resident, loaded, _, new, n_new in batch:
                 slots = np.asarray(toks(resident + loaded) + [new * _LF_PAGE + t for t in range(n_new)], np.int64)

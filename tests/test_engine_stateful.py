@@ -114,7 +114,7 @@ def _determinism_and_gated_twin(case) -> None:
     target(float(a.load_backs), label="load-backs")
 
 
-FAST = settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -14,7 +14,7 @@ from kvrace.cli import main as kvrace_main
 from sim.hb import latent_races
 from sim.schedule import validate
 from sim.testing import (FAMILIES, Interleaving, LoadForward, apply_interleaving, assert_no_corrupt_read,
-                         corrupt_reads, failure_dir, interleavings, kv_schedules, load_forward_programs,
+                         corrupt_reads, failure_dir, kv_schedules, load_forward_programs,
                          run_interleaving, schedules, schedules_with_interleavings)
 from sim.transfers.routines import ROUTINES
 from sim.verdicts import analyse
@@ -258,7 +258,7 @@ REACH = set(ROUTINES) | {"host_sync:event", "host_sync:stream", "host_sync:devic
 def test_schedules_reach_every_routine_sync_kind_and_several_hosts():
     seen: set = set()
 
-    @settings(max_examples=150, database=None, phases=[Phase.generate], derandomize=True,
+    @settings(max_examples=80, database=None, phases=[Phase.generate], derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(schedules())
     def draw(doc):
