@@ -24,6 +24,12 @@ Order of operations (SGLang 0.5.14, ``reference/sglang_hicache.md`` §1.2-1.3):
     ``backup_from_device_all_layer`` (all its ops), the draft pool's backup, then the
     finish event's ``record``.
 
+Branch counters and pools left out.  Every copy op issued is counted per device pool role
+(``sim.pools.device.POOL_ROLE_OF_KIND`` of its device-side buffer) and routine
+(:attr:`HiCacheController.branches`; :data:`ROUTINE_BRANCHES` classifies the routines).
+``backup_pools`` (a set of roles; None: all) drops the copies of every other pool from backups
+and loads alike, as when SGLang's host group lacks that pool (SGLang #17085).
+
 Events are names declared in the run's header (:meth:`HiCacheController.event_names`).
 The ring of 3 :class:`LayerLoadingEvent` slots keeps fixed names (SGLang reuses the
 objects); each ``start_writing`` takes a fresh (start, finish) pair from a pool of

@@ -274,7 +274,8 @@ class HiRadixCache(RadixCache):
         ``mem_quota + delta``.  ``cache_controller.load`` allocates the device slots (after
         one ``evict`` of that many tokens if the first try fails) and queues the copy; the
         nodes get their slices of the slots at once (resident before any byte moves),
-        ``evictable_size_`` grows, and ``node`` is locked until ``loading_check``."""
+        ``evictable_size_`` grows, and ``node`` is locked until ``loading_check`` (not with
+        ``host_lock_during_load=False``, the incident's switch: docs/hicache.md)."""
         last_hit_node = node
         nodes_to_load = []
         while node.evicted:
