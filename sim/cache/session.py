@@ -93,7 +93,7 @@ class SessionConfig:
       ``index_k_partial_pages`` (``"page_aligned"``; ``"dsv4_token"``),
       ``index_k_host_bytes_per_entry`` (0: the device's), ``host_lock_during_load`` (True),
       ``backup_pools`` (None: every pool; else a list of pool roles, :data:`MODEL_ROLES`).
-    * ``layers``: layers of the device pool (4); ``page_size`` (1; DSA needs 64);
+    * ``layers``: layers of the device pool (4); ``page_size`` (1; DSA needs 64, DeepSeek V4 256);
       ``device_tokens``: device pool size in tokens (256).
     * ``hicache_ratio`` (2.0) / ``hicache_size`` (GB per rank, 0: use the ratio): host pool
       sizing as SGLang's ``HostKVCache``.
