@@ -9,7 +9,9 @@ load-backs (where the race lives).  Every run must satisfy:
 
 * every request ends completed (the engine has no aborts) and nothing is left waiting;
 * no request reads a slot it does not own: the engine checks every admitted request before its
-  forward (``OwnershipError`` otherwise) and the run counts those checks;
+  forward (``OwnershipError`` otherwise) and the run counts those checks; and, independently, in
+  the run's happens-before order every byte a request reads for its entries is KV written by
+  itself or by a request of an earlier batch (never a slot's initial contents);
 * the metrics agree with each other: corrupted requests <= requests, ``stale + torn`` = the
   corrupted reads listed, each corrupted read is an ungated read of a batch that loaded, its
   requests are the corrupted ones, the reads counted are the forward's reads;
@@ -20,11 +22,14 @@ The slow tier draws more examples.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st, target
 
+from sim.bytes.describe import describe
 from sim.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
+from sim.executor import run_reference
 
 PRESET = "glm5-22811-small"
 LAYERS = 2
@@ -85,6 +90,42 @@ def _check_run(e: PrefillEngine, r, gate_map: str) -> None:
         assert r.latent_races_by_buffer.get("index_k_with_scale_buffer", 0) == 0
 
 
+def _check_read_bytes_are_owned(e: PrefillEngine) -> None:
+    """In the happens-before order of the run (what every read should see), every byte a
+    request's forward reads for its own entries is KV some request wrote: never a slot's
+    initial contents, and never the KV of a request first computed in a later batch (a slot
+    handed over before its KV existed), nor of another request of the same batch."""
+    run = e.session.finish()                      # the finished run (finish() returns it again)
+    ref = run_reference(run.schedule, materialise=False, table=run.memory.table)
+    ref_reads = {r.op_id: r for r in ref.reads}
+    first_batch: dict[int, int] = {}
+    for k, issue in enumerate(e.issues):
+        for info in issue.reads:
+            for rid in info.entries:
+                first_batch.setdefault(rid, k)
+    for k, issue in enumerate(e.issues):
+        for info in issue.reads:
+            runs = [(v.offset + d["offset"], d["nbytes"], d["origin"]["owner"])
+                    for v in ref_reads[info.op_id].views for d in describe(v.compact, 0, v.compact.nbytes, 1 << 30)]
+            starts = np.array([s for s, _, _ in runs], np.int64)
+            ends = starts + np.array([n for _, n, _ in runs], np.int64)
+            owners = np.array([o for _, _, o in runs], np.int64)
+            lay = e.buffers[info.role][1]
+            for rid, ent in info.entries.items():
+                for pl in info.pool_layers:
+                    offs, lens = lay.token_extents(pl, ent)
+                    lo, hi = offs.ravel(), (offs + lens).ravel()
+                    # the runs that overlap any of this request's entry extents
+                    a = np.searchsorted(ends, lo, side="right")
+                    b = np.searchsorted(starts, hi, side="left")
+                    idx = np.unique(np.concatenate([np.arange(x, y) for x, y in zip(a, b)]))
+                    assert idx.size and starts[idx].min() <= lo.min() and ends[idx].max() >= hi.max(), \
+                        (info.op_id, rid, "entries outside the read")
+                    for owner in set(owners[idx].tolist()):
+                        assert owner >= 0, (info.op_id, rid, "reads a slot's initial contents")
+                        assert owner == rid or first_batch.get(owner, k) < k, (info.op_id, rid, owner)
+
+
 def _gate_map(overrides) -> str:
     return next(o.split("=", 1)[1] for o in overrides if o.startswith("variant.gate_map="))
 
@@ -94,6 +135,7 @@ def _explore(case) -> None:
     e = _engine(overrides, seed)
     r = e.run()
     _check_run(e, r, _gate_map(overrides))
+    _check_read_bytes_are_owned(e)
     event(f"{_gate_map(overrides)}: {'some' if r.requests_corrupted else 'no'} request corrupted, "
           f"{'some' if r.load_backs else 'no'} load-back")
     target(float(r.load_backs), label="load-backs")
@@ -142,3 +184,18 @@ def test_random_small_workloads_deep(case):
 @given(workloads(gate_maps=(UNGATED,)))
 def test_same_seed_and_gated_twin_deep(case):
     _determinism_and_gated_twin(case)
+
+
+def test_the_owned_bytes_check_catches_a_request_whose_kv_was_never_stored(monkeypatch):
+    from sim.cache.session import CacheSession
+
+    store = CacheSession.store_kv
+
+    def store_all_but_request_0(self, slots, owner, **kw):
+        if owner != 0:
+            return store(self, slots, owner, **kw)
+    monkeypatch.setattr(CacheSession, "store_kv", store_all_but_request_0)
+    e = _engine([f"variant.gate_map={GATED}", "workload.sessions=1", "workload.max_turns=1"], 0)
+    e.run()
+    with pytest.raises(AssertionError, match="initial contents"):
+        _check_read_bytes_are_owned(e)
