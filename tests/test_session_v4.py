@@ -321,10 +321,24 @@ def _drive(s: CacheSession, steps) -> None:
             s.cache.evict_host(step[1])
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([("layer_first", "kernel"), ("page_first", "kernel"), ("page_first_direct", "direct")]),
-       st.sampled_from(["write_through", "write_back"]), st.lists(_step, min_size=1, max_size=8))
+_LIO = st.sampled_from([("layer_first", "kernel"), ("page_first", "kernel"), ("page_first_direct", "direct")])
+_POLICY = st.sampled_from(["write_through", "write_back"])
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_LIO, _POLICY, st.lists(_step, min_size=1, max_size=8))
 def test_any_v4_cache_sequence_reruns_from_its_record_to_the_same_snapshot(lio, policy, steps):
+    _v4_sequence_reruns(lio, policy, steps)
+
+
+@pytest.mark.slow
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_LIO, _POLICY, st.lists(_step, min_size=1, max_size=30))
+def test_any_v4_cache_sequence_reruns_from_its_record_deep(lio, policy, steps):
+    _v4_sequence_reruns(lio, policy, steps)
+
+
+def _v4_sequence_reruns(lio, policy, steps) -> None:
     s = CacheSession({**V4, "layers": 4, "layout": lio[0], "io_backend": lio[1], "write_policy": policy,
                       "materialise": False})
     _drive(s, steps)
