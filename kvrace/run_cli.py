@@ -55,7 +55,8 @@ def format_run(d: dict) -> str:
     rows = [
         ("scenario", f"{d['scenario']} (seed {d['seed']}, {d['layers']} layers)"),
         ("requests", f"{d['requests_total']} ({d['requests_completed']} completed)"),
-        ("corrupted requests", f"{d['requests_corrupted']} ({100 * d['corrupted_fraction']:.1f} %)"),
+        ("corrupted requests", f"{d['requests_corrupted']} ({100 * d['corrupted_fraction']:.1f} %): "
+                               f"{d['requests_raced']} raced, {d['requests_wrong_kv']} read KV not theirs"),
         ("reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn"),
         ("latent races", f"{d['latent_races']}" + (f"  {d['latent_races_by_buffer']}" if d['latent_races'] else "")),
         ("out-of-bounds writes", f"{d['oob_writes']}"),

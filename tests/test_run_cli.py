@@ -44,7 +44,7 @@ def test_summary_table_and_clean_exit(capsys):
     rc = main(ARGS + ["--set", "variant.gate_map=upstream-0.5.11", "--fail-on", "corrupt,race"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "corrupted requests    0 (0.0 %)" in out and "copy branches" in out
+    assert "corrupted requests    0 (0.0 %): 0 raced, 0 read KV not theirs" in out and "copy branches" in out
 
 
 @pytest.mark.parametrize("argv, needle", [

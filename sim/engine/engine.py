@@ -48,6 +48,7 @@ from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
 from sim.engine.hypotheses import CONTROLLER_KEYS
 from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, issue_forward
 from sim.engine.models import ModelFamily, model as model_family
+from sim.engine.oracle import KVOracle
 from sim.engine.scenario import Scenario, load_scenario
 from sim.engine.workload import Request, Workload, WorkloadDriver, tokens
 from sim.errors import InputError, KvraceError, show
@@ -87,7 +88,12 @@ class EngineResult:
     requests).  ``sim_time_s``: simulated time at the end; ``wall_time_s``: wall time of the
     run and its analysis.  ``forwards_one_step``: forwards advanced in one step (nothing in
     flight: ``run.one_step``); ``hicache``: whether HiCache was on (``hicache.prefill``);
-    ``chunked_batches``: batches after which a chunked request still had chunks to go."""
+    ``chunked_batches``: batches after which a chunked request still had chunks to go.
+    ``requests_corrupted`` is the union of ``requests_raced`` (a read saw bytes other than
+    happens-before order gives, in that request's entries) and ``requests_wrong_kv`` (the KV
+    oracle, :mod:`sim.engine.oracle`: a read saw KV that is not the request's own tokens',
+    in any order: what a wrong copy geometry or a pool never backed up does);
+    ``wrong_kv_reads``: reads the oracle flagged; ``oracle_entries``: entries it checked."""
 
     scenario: str
     seed: int
@@ -114,6 +120,10 @@ class EngineResult:
     forwards_one_step: int = 0
     hicache: bool = True
     chunked_batches: int = 0
+    requests_raced: int = 0
+    requests_wrong_kv: int = 0
+    wrong_kv_reads: int = 0
+    oracle_entries: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -213,6 +223,10 @@ class PrefillEngine:
         self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
         # pool role -> (device buffer, layout): what the forward model reads
         self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
+        specs = self.model.pools_for(self.options)
+        self.ratios = {role: specs[role].tokens_per_entry for role in self.buffers}
+        self.oracle = KVOracle(self.buffers, {n: s.device_pool.kind_of(n) for n, _ in self.buffers.values()},
+                               self.ratios)
         self.gate_map = self.config.gate_map
         # HiCache off: SGLang's plain RadixCache over the same allocator (no host pool traffic,
         # an evicted prefix is recomputed); on: the session's HiRadixCache
@@ -224,7 +238,7 @@ class PrefillEngine:
         self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
         self.waiting: list[Request] = []
         self.issues: list[ForwardIssue] = []
-        self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer index)
+        self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)})
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self.chunked: _Admitted | None = None
         self.completed: list[int] = []
@@ -368,7 +382,9 @@ class PrefillEngine:
         consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
         self._check_ownership(batch)
         for a in batch:
-            s.store_kv(a.new[a.done:a.done + a.chunk], owner=a.req.rid, stream="forward", sync=False)
+            slots = a.new[a.done:a.done + a.chunk]
+            s.store_kv(slots, owner=a.req.rid, stream="forward", sync=False)
+            self._record_store(a, slots)
         reqs = []
         for a in batch:
             slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
@@ -385,8 +401,9 @@ class PrefillEngine:
                               cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
                               one_step=one_step, tag=f"fwd{k}", key=(k,))
         self.issues.append(issue)
+        made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
         for r in issue.reads:
-            self.read_rids[r.op_id] = (r, consumer)
+            self.read_rids[r.op_id] = (r, consumer, made_for)
         s.synchronize(stream="forward")
         for a in batch:
             a.done += a.chunk
@@ -412,6 +429,20 @@ class PrefillEngine:
             else:
                 self._held[a.req.rid] = a.node
             self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
+
+    def _record_store(self, a: _Admitted, slots: np.ndarray) -> None:
+        """Tell the KV oracle which token prefix each unit just stored holds."""
+        pos = len(a.prefix) + a.done + np.arange(len(slots), dtype=np.int64)
+        entries, positions = {}, {}
+        for role, (name, _) in self.buffers.items():
+            r = self.ratios[role]
+            ent = self.session.entries_of(name, slots)
+            done = (slots + 1) % r == 0
+            if len(ent) != int(done.sum()):
+                raise EngineError(f"pool {role}: {len(ent)} entries for {int(done.sum())} slots completing a group "
+                                  f"of {r} tokens (the session's entry mapping and the model's ratio disagree)")
+            entries[role], positions[role] = ent, pos[done]
+        self.oracle.record_store(a.req, a.req.rid, entries, positions)
 
     def _finish(self, rid: int, t_us: float) -> None:
         """Request ``rid``'s last output token came at ``t_us``: the turn is complete."""
@@ -496,17 +527,31 @@ class PrefillEngine:
         rep = analyse(run, reference=ref, race_limit=None)
         ref_reads = {r.op_id: r for r in ref.reads}
         obs_reads = {r.op_id: r for r in run.reads}
-        corrupted_rids: set[int] = set()
+        raced: set[int] = set()
+        wrong: set[int] = set()
         corrupted = []
+        wrong_reads = 0
         for entry in rep["reads"]:
-            if entry["status"] not in ("stale", "torn") or entry["op"] not in self.read_rids:
+            if entry["op"] not in self.read_rids:
                 continue
-            info, consumer = self.read_rids[entry["op"]]
-            rids = self._requests_hit(info, obs_reads[entry["op"]], ref_reads[entry["op"]])
-            corrupted_rids |= rids
-            corrupted.append({"op": entry["op"], "layer": info.layer, "reader": info.reader, "role": info.role,
-                              "buffer": info.buffer, "status": entry["status"], "waited": info.waited,
-                              "consumer_index": consumer, "requests": sorted(rids)})
+            info, consumer, made_for = self.read_rids[entry["op"]]
+            obs = obs_reads[entry["op"]]
+            rids: set[int] = set()
+            if entry["status"] in ("stale", "torn"):
+                rids = self._requests_hit(info, obs, ref_reads[entry["op"]])
+                raced |= rids
+            # the oracle: did each request see its own tokens' KV (in any order)?
+            kv_wrong = {rid for rid, (req, n_ctx) in made_for.items()
+                        if rid in info.entries and self.oracle.check_read(info, obs, req, n_ctx).any()}
+            wrong |= kv_wrong
+            wrong_reads += bool(kv_wrong)
+            if rids or kv_wrong:
+                status = entry["status"] if rids else "wrong-kv"
+                corrupted.append({"op": entry["op"], "layer": info.layer, "reader": info.reader, "role": info.role,
+                                  "buffer": info.buffer, "status": status, "waited": info.waited,
+                                  "consumer_index": consumer, "requests": sorted(rids | kv_wrong),
+                                  "wrong_kv_requests": sorted(kv_wrong)})
+        corrupted_rids = raced | wrong
         by_buf: dict[str, int] = {}
         for race in rep["latent_races"]:
             by_buf[race["buffer"]] = by_buf.get(race["buffer"], 0) + 1
@@ -521,7 +566,8 @@ class PrefillEngine:
             backups=s.controller.writes_started, batches=self.counts["batches"], branches=self._branches(run),
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
             ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
-            hicache=self.hicache, chunked_batches=self.counts["chunks"])
+            hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(raced),
+            requests_wrong_kv=len(wrong), wrong_kv_reads=wrong_reads, oracle_entries=self.oracle.entries_checked)
 
     def _requests_hit(self, info, obs, ref) -> set[int]:
         """Requests of the read whose entries' bytes hold a differing byte."""

@@ -1,0 +1,61 @@
+"""The KV oracle: a read made for a request must see that request's tokens' KV, in any order."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.engine import PrefillEngine
+from sim.engine.oracle import KVOracle, content_key
+from sim.engine.scenario import load_scenario
+from sim.engine.workload import Request, TokenSource
+from sim.pools.layouts import PagedLayout
+
+
+def req(session, n=4096, rid=0, s0=1024):
+    return Request(rid, session, 0, 0, n, 16, 0, True, TokenSource(0, s0, 129280))
+
+
+def test_content_keys_share_the_system_prompt_and_a_session_across_turns():
+    assert content_key(req(1), 512) == content_key(req(2), 512) == (-1, 512)
+    assert content_key(req(1), 2048) != content_key(req(2), 2048)
+    assert content_key(req(1, rid=5), 2048) == content_key(req(1, n=8000, rid=9), 2048)
+
+
+def test_expected_key_of_a_page_is_its_prefix_up_to_the_last_completed_entry():
+    lay = PagedLayout("c4", 1, 8, 64 * 16, 64)
+    o = KVOracle({"c4": ("c4buf", lay)}, {"c4buf": "c4"}, {"c4": 4})
+    r = req(3, s0=300)
+    pos = np.array([3, 255, 259, 1001], np.int64)       # entries completed at these positions
+    ids = o.expected(r, "c4", pos, n_ctx=1002)
+    keys = {v: k for k, v in o._ids.items()}
+    # full pages of 256 tokens (the first inside the shared system prompt of 300), then the
+    # partial page up to the last whole group of 4 (1000)
+    assert [keys[int(i)] for i in ids] == [(-1, 256), (-1, 256), (3, 512), (3, 1000)]
+
+
+@pytest.fixture(scope="module")
+def dsa_runs():
+    out = {}
+    for g in ("upstream-0.5.10", "upstream-0.5.11"):
+        out[g] = PrefillEngine(load_scenario("glm5-22811-small", ["run.layers=2", f"variant.gate_map={g}"]), 0).run()
+    return out
+
+
+def test_oracle_sees_the_race_and_nothing_when_gated(dsa_runs):
+    r10, r11 = dsa_runs["upstream-0.5.10"], dsa_runs["upstream-0.5.11"]
+    assert r10.requests_raced > 0 and r10.requests_wrong_kv == r10.requests_raced
+    assert r10.requests_corrupted == len({x for c in r10.corrupted_reads for x in c["requests"]})
+    assert r11.requests_corrupted == r11.requests_wrong_kv == 0 and r11.oracle_entries > 0
+
+
+def test_a_pool_never_backed_up_is_wrong_kv_without_any_race():
+    """SGLang #17085: index-K never reaches the host pool, so a load-back leaves the device's
+    previous bytes in it. Every order gives the same wrong bytes: no race, but the oracle sees
+    requests reading KV that is not theirs."""
+    sets = ["run.layers=4", "run.duration_s=1.5", "model.index_k_dtype=fp8"]
+    r = PrefillEngine(load_scenario("incident-short", [*sets, "variant.hypotheses=index-k-not-backed-up"]), 0).run()
+    assert r.load_backs > 0 and r.requests_raced == 0 and r.latent_races == 0
+    assert r.requests_wrong_kv > 0 and r.requests_corrupted == r.requests_wrong_kv
+    assert {c["status"] for c in r.corrupted_reads} == {"wrong-kv"}
+    assert {c["role"] for c in r.corrupted_reads} == {"index_k"}
+    assert "index_k" not in r.branches
