@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from kvrace.sweep_cli import ProgressBar
+from kvrace.sweep_cli import ProgressBar, add_trace_option, check_trace_option, write_run_trace
 from sim.errors import InputError
 
 __all__ = ["add_parser", "format_run", "format_signatures", "export_races"]
@@ -81,15 +81,18 @@ def format_run(d: dict) -> str:
 
 
 def export_races(engine, result, directory, limit: int = 3) -> list[Path]:
-    """Write the window schedule around each of the first ``limit`` corrupted reads of a
-    finished ``engine`` run into ``directory``; returns the paths written."""
+    """Write the window schedule around each of the first ``limit`` raced (stale or torn)
+    reads of a finished ``engine`` run into ``directory``; returns the paths written.  (A
+    ``wrong-kv`` read that did not race has no race window: its bytes are wrong in every
+    order, so the whole run, not a window, is its witness.)"""
     from sim.window import cut_window
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     run = engine.session.finish()
     paths = []
-    for k, c in enumerate(result.corrupted_reads[:limit]):
+    raced = [c for c in result.corrupted_reads if c["status"] in ("stale", "torn")]
+    for k, c in enumerate(raced[:limit]):
         doc = cut_window(run, ops=[c["op"]])
         doc["name"] = f"{result.scenario}_race_{k}"
         doc["description"] = (f"Cut by `kvrace run --export-races` from {result.scenario} (seed {result.seed}): read "
@@ -113,6 +116,7 @@ def _run(args) -> int:
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
 
+    check_trace_option(args)
     sc = load_scenario(args.scenario, args.set)
     engine = PrefillEngine(sc, args.seed)
     bar = _SimTimeBar(sc.run.duration_s * 1e6, force=args.progress == "always") if args.progress != "never" else None
@@ -123,6 +127,7 @@ def _run(args) -> int:
             bar.close()
     d = result.to_dict()
     doc = {k: d[k] for k in _RUN_KEYS} | {k: v for k, v in d.items() if k not in _RUN_KEYS}
+    write_run_trace(args, engine.session.finish(), engine.report)
     if args.export_races:
         paths = export_races(engine, result, args.export_races, args.export_limit)
         doc["exported_races"] = [str(p) for p in paths]
@@ -235,6 +240,7 @@ def add_parser(sub, epilog: str) -> None:
                    help="exit 1 when any of corrupt,race,oob is found (default none: exit 0)")
     r.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
                    help="progress bar on stderr (auto: when stderr is a terminal)")
+    add_trace_option(r)
     r.set_defaults(func=_run)
     s = sub.add_parser("signatures", help="the A/B signature table: every hypothesis against the observations",
                        description="Run an A/B matrix (default: the incident's, sim/scenarios/ab/incident.toml) under "

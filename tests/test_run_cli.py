@@ -17,7 +17,7 @@ KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_f
 def exported(tmp_path_factory):
     d = tmp_path_factory.mktemp("run")
     rc = main(ARGS + ["--json", str(d / "run.json"), "--export-races", str(d / "races"), "--export-limit", "2",
-                      "--fail-on", "corrupt"])
+                      "--fail-on", "corrupt", "--trace", str(d / "trace.json")])
     return rc, json.loads((d / "run.json").read_text()), d
 
 
@@ -60,3 +60,12 @@ def test_bad_fail_on_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         main(ARGS + ["--fail-on", "everything"])
     assert e.value.code == 2 and "corrupt, race, oob" in capsys.readouterr().err
+
+
+def test_trace_of_an_engine_run_marks_its_corrupt_reads(exported):
+    _, doc, d = exported
+    events = json.loads((d / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    names = " ".join(str(e.get("name", "")) for e in events)
+    assert any(e.get("ph") == "X" for e in events)
+    assert doc["corrupted_reads"][0]["op"] in names

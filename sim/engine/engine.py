@@ -525,6 +525,7 @@ class PrefillEngine:
         run = s.finish()
         ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)
         rep = analyse(run, reference=ref, race_limit=None)
+        self.report = rep           # the verdicts of the run (sim.verdicts.analyse), e.g. for a trace
         ref_reads = {r.op_id: r for r in ref.reads}
         obs_reads = {r.op_id: r for r in run.reads}
         raced: set[int] = set()

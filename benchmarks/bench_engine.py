@@ -1,0 +1,68 @@
+"""The engine at scale: wall time and peak memory of `kvrace run` on a scenario, one core.
+
+    python benchmarks/bench_engine.py [SCENARIO] [--set key=value]... [--durations 1 3 10]
+                                      [--json OUT]
+
+Runs ``SCENARIO`` (default ``incident-short``) once per simulated duration, each in a fresh
+child process (so peak RSS is that run's), and prints per run: simulated seconds, wall
+seconds (simulation and verdicts), the ratio of simulated to wall time, peak RSS, requests,
+ops issued, and the corrupted requests.  Issue 9's target is 10 simulated minutes of
+``incident`` in at most 60 s and 2 GiB on one core.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+
+
+def _one(scenario: str, sets: list[str], duration: float, q) -> None:
+    from sim.engine.engine import PrefillEngine
+    from sim.engine.scenario import load_scenario
+
+    t0 = time.perf_counter()
+    e = PrefillEngine(load_scenario(scenario, [*sets, f"run.duration_s={duration}"]))
+    r = e.run()
+    wall = time.perf_counter() - t0
+    q.put({"scenario": scenario, "set": sets, "duration_s": duration, "sim_time_s": r.sim_time_s,
+           "wall_s": wall, "sim_per_wall": r.sim_time_s / wall,
+           "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+           "ops": len(e.session.finish().schedule.ops), "requests": r.requests_total,
+           "requests_corrupted": r.requests_corrupted, "load_backs": r.load_backs, "layers": r.layers})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("scenario", nargs="?", default="incident-short")
+    ap.add_argument("--set", action="append", default=[])
+    ap.add_argument("--durations", type=float, nargs="+", default=[1.0, 3.0, 10.0])
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    ctx = mp.get_context("spawn")
+    rows = []
+    print(f"# {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, load {os.getloadavg()[0]:.1f}")
+    for d in a.durations:
+        q = ctx.Queue()
+        p = ctx.Process(target=_one, args=(a.scenario, a.set, d, q))
+        p.start()
+        row = q.get()
+        p.join()
+        rows.append(row)
+        print(f"{a.scenario} {' '.join(a.set)} sim {row['sim_time_s']:.2f} s: wall {row['wall_s']:.1f} s "
+              f"({row['sim_per_wall']:.3f} x real time), peak RSS {row['peak_rss_mib']:.0f} MiB, "
+              f"{row['ops']} ops, {row['requests']} requests ({row['requests_corrupted']} corrupted), "
+              f"{row['load_backs']} load-backs", flush=True)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
