@@ -39,7 +39,8 @@ from sim.explore.witness import _needed_cuts, witness_schedule
 from sim.errors import InputError
 from sim.profile import Profile, load_profile
 from sim.replay import ReplayError, controlled_schedule
-from sim.schedule import Schedule
+from sim.schedule import Schedule, validate
+from sim.verdicts import read_digest
 
 __all__ = ["ExploreResult", "Explorer", "Outcome", "explore"]
 
@@ -279,10 +280,22 @@ class _Accumulator:
                                 "only; repeat it in the simulator with its seed")
             return
         try:
-            o.witness = controlled_schedule(self.ex.s, run)
-            o.witness["name"] = self.ex.s.name + ".witness"
+            w = controlled_schedule(self.ex.s, run)
         except ReplayError as e:
             o.witness_reason = str(e)
+            return
+        # NOTE: controlled_schedule keeps the run's hosts; a host that issues earlier in time than
+        # the list says could issue a forced wait before its record (a no-op in CUDA), so the
+        # witness is kept only when a static run of it gives the outcome
+        check = run_schedule(validate(w), prof, seed=o.seed)
+        key = outcome_key(check.reads, check.memory)
+        ids = {r.index: r.op_id for r in run.reads}
+        if key[1] != o.key[1] or {r.op_id: read_digest(r) for r in check.reads} != \
+                {ids[i]: d for i, d in o.key[0]}:
+            o.witness_reason = "the forced schedule does not reproduce the run (its hosts issue out of list order)"
+            return
+        o.witness = w
+        o.witness["name"] = self.ex.s.name + ".witness"
 
 
 def explore(schedule: Schedule, mode: str = "exhaustive", *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
