@@ -269,3 +269,17 @@ def test_chunked_prefill_splits_a_long_request_over_batches():
             per[rid] = done + chunk
             assert per[rid] <= n_new
     assert sum(1 for b in seen for rid, done, _, _ in b if done > 0) == r.chunked_batches
+
+
+def test_topk_verdict_tells_selection_changing_races_apart():
+    """With contexts below index_topk (2048) the indexer selects every entry, so a stale
+    index-K read cannot change the selection; with a top-k of 8 it does."""
+    import dataclasses
+
+    r = small("upstream-0.5.10").run()
+    assert r.stale_reads + r.torn_reads > 0 and r.index_k_topk_changed == 0
+    assert all(c["topk_changed"] is False for c in r.corrupted_reads if c["role"] == "index_k")
+    e = small("upstream-0.5.10")
+    e.model = dataclasses.replace(e.model, dims=dataclasses.replace(e.model.dims, index_topk=8))
+    r8 = e.run()
+    assert 0 < r8.index_k_topk_changed <= r8.stale_reads + r8.torn_reads

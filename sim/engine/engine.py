@@ -46,7 +46,9 @@ from sim.cache.session import MODEL_ROLES, CacheSession
 from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
 from sim.engine.hypotheses import CONTROLLER_KEYS
-from sim.engine.forward import BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, issue_forward
+from sim.engine.forward import (
+    BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, entry_bytes, issue_forward, topk_verdict,
+)
 from sim.engine.models import ModelFamily, model as model_family
 from sim.engine.oracle import KVOracle
 from sim.engine.scenario import Scenario, load_scenario
@@ -93,7 +95,11 @@ class EngineResult:
     happens-before order gives, in that request's entries) and ``requests_wrong_kv`` (the KV
     oracle, :mod:`sim.engine.oracle`: a read saw KV that is not the request's own tokens',
     in any order: what a wrong copy geometry or a pool never backed up does);
-    ``wrong_kv_reads``: reads the oracle flagged; ``oracle_entries``: entries it checked."""
+    ``wrong_kv_reads``: reads the oracle flagged; ``oracle_entries``: entries it checked.
+    ``index_k_topk_changed``: raced index-K reads whose indexer top-k, computed from the
+    bytes read, differs from the one computed from the happens-before-order bytes for some
+    request and pool layer (``topk_changed`` per corrupted read: True, False, or None where
+    not an index-K race)."""
 
     scenario: str
     seed: int
@@ -124,6 +130,7 @@ class EngineResult:
     requests_wrong_kv: int = 0
     wrong_kv_reads: int = 0
     oracle_entries: int = 0
+    index_k_topk_changed: int = 0
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -532,15 +539,20 @@ class PrefillEngine:
         wrong: set[int] = set()
         corrupted = []
         wrong_reads = 0
+        topk_changed = 0
         for entry in rep["reads"]:
             if entry["op"] not in self.read_rids:
                 continue
             info, consumer, made_for = self.read_rids[entry["op"]]
             obs = obs_reads[entry["op"]]
             rids: set[int] = set()
+            topk = None
             if entry["status"] in ("stale", "torn"):
                 rids = self._requests_hit(info, obs, ref_reads[entry["op"]])
                 raced |= rids
+                if info.role == "index_k" and rids:
+                    topk = self._topk_changed(info, obs, ref_reads[entry["op"]], rids)
+                    topk_changed += bool(topk)
             # the oracle: did each request see its own tokens' KV (in any order)?
             kv_wrong = {rid for rid, (req, n_ctx) in made_for.items()
                         if rid in info.entries and self.oracle.check_read(info, obs, req, n_ctx).any()}
@@ -551,7 +563,7 @@ class PrefillEngine:
                 corrupted.append({"op": entry["op"], "layer": info.layer, "reader": info.reader, "role": info.role,
                                   "buffer": info.buffer, "status": status, "waited": info.waited,
                                   "consumer_index": consumer, "requests": sorted(rids | kv_wrong),
-                                  "wrong_kv_requests": sorted(kv_wrong)})
+                                  "wrong_kv_requests": sorted(kv_wrong), "topk_changed": topk})
         corrupted_rids = raced | wrong
         by_buf: dict[str, int] = {}
         for race in rep["latent_races"]:
@@ -568,7 +580,37 @@ class PrefillEngine:
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
             ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
             hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(raced),
-            requests_wrong_kv=len(wrong), wrong_kv_reads=wrong_reads, oracle_entries=self.oracle.entries_checked)
+            requests_wrong_kv=len(wrong), wrong_kv_reads=wrong_reads, oracle_entries=self.oracle.entries_checked,
+            index_k_topk_changed=topk_changed)
+
+    @staticmethod
+    def _read_bytes(read, info) -> np.ndarray:
+        """The bytes a read saw, in its extents' order (materialised from provenance)."""
+        views = sorted(read.views, key=lambda v: v.offset)
+        offs = np.array([v.offset for v in views], np.int64)
+        parts = []
+        for st, ln in zip(info.starts.tolist(), info.lengths.tolist()):
+            v = views[int(np.searchsorted(offs, st, side="right")) - 1]
+            parts.append(v.compact.materialise(st - v.offset, ln))
+        return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
+
+    def _topk_changed(self, info, obs, ref, rids) -> bool:
+        """Does the indexer's top-k (``sim.engine.forward.topk_verdict``, the model's
+        ``index_topk``) from the bytes read differ from the one from the happens-before-order
+        bytes, for any request in ``rids`` and pool layer of the read?"""
+        lay = self.buffers["index_k"][1]
+        seen_b, right_b = self._read_bytes(obs, info), self._read_bytes(ref, info)
+        field = "key" if "key" in [f.name for f in lay.effective_fields] else None
+        for rid in sorted(rids):
+            ent = info.entries.get(rid)
+            if ent is None or not len(ent):
+                continue
+            for pl in info.pool_layers:
+                seen = entry_bytes(seen_b, info, lay, ent, pl, field)
+                right = entry_bytes(right_b, info, lay, ent, pl, field)
+                if topk_verdict(seen, right, self.model.dims.index_topk, query_seed=rid).changed:
+                    return True
+        return False
 
     def _requests_hit(self, info, obs, ref) -> set[int]:
         """Requests of the read whose entries' bytes hold a differing byte."""
