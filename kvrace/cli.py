@@ -18,6 +18,7 @@ from sim.errors import InputError
 from sim.report_io import check_output_path, emit, write_json  # noqa: F401  (emit: re-exported)
 
 from kvrace.sweep_cli import add_parsers, add_trace_option, check_trace_option, write_run_trace
+from kvrace.explore_cli import add_parser as add_explore_parser
 from kvrace.run_cli import add_parser as add_run_parser
 from kvrace.scenarios_cli import add_scenarios_parser
 
@@ -309,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--json", metavar="PATH", help="write every profile's parameters as JSON to PATH ('-' for stdout only)")
     prof.set_defaults(func=_profiles)
     add_parsers(sub, EXIT_CODES)
+    add_explore_parser(sub, EXIT_CODES)
     add_scenarios_parser(sub, EXIT_CODES)
     return p
 
