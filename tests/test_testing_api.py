@@ -377,14 +377,34 @@ def _check_written_failure(pair, d: Path) -> None:
     assert {r["op"]: r["provenance_sha256"] for r in forced["reads"]} == want
 
 
+# NOTE: one host: a forced order of a several-host schedule may wait on another host's record,
+# which the static executor cannot run yet (see the xfail test below)
 @settings(FAST, max_examples=10)
-@given(pair=schedules_with_interleavings(schedules(max_ops=10)))
+@given(pair=schedules_with_interleavings(schedules(max_ops=10, max_hosts=1)))
 def test_a_written_failure_reproduces_and_its_forced_order_sees_the_same_bytes(pair, tmp_path_factory):
     _check_written_failure(pair, tmp_path_factory.mktemp("wf"))
 
 
 @pytest.mark.slow
 @settings(DEEP, max_examples=150)
-@given(pair=schedules_with_interleavings(schedules(max_ops=16)))
+@given(pair=schedules_with_interleavings(schedules(max_ops=16, max_hosts=1)))
 def test_a_written_failure_reproduces_deep(pair, tmp_path_factory):
     _check_written_failure(pair, tmp_path_factory.mktemp("wf"))
+
+
+@pytest.mark.xfail(strict=True, raises=KeyError,
+                   reason="sim.executor: in a static schedule with several hosts, an op bound to a record another "
+                          "host issues earlier in the list fails when that host has not issued it yet at run time "
+                          "(Executor.issue reads _where[bound_record]); found by sim.testing.schedules")
+def test_static_wait_on_an_earlier_record_of_a_delayed_host():
+    from sim.executor import run_schedule
+    from sim.profile import load_profile
+    from sim.testing import kv_buffers
+
+    doc = {"kvrace_schedule": 2, "name": "cross_host", "hosts": ["A", "B"], "buffers": kv_buffers(),
+           "streams": ["s0", "s1"], "events": ["e"], "ops": [
+               {"op": "host_delay", "host": "A", "duration_us": 10},
+               {"op": "record", "host": "A", "stream": "s0", "event": "e"},
+               {"op": "wait", "host": "B", "stream": "s1", "event": "e"},
+               {"op": "read", "host": "B", "stream": "s1", "buffer": "D", "layer": 0, "units": [0]}]}
+    run_schedule(validate(doc), load_profile("h200"))
