@@ -83,6 +83,13 @@ class Evaluator:
                              if r.buffer not in self.tainted}
         self._fixed_buffers = {name: self.reference.memory.compact[name].provenance_digest()
                                for name in s.buffers if name not in self.tainted}
+        # ... and an op writing such a buffer that no copy into an order-dependent buffer reads
+        # changes nothing an order is judged by: after the prefix it is not applied again
+        feeds = {op.src for op in s.ops if op.op == "copy" and op.dst in self.tainted}
+        dead = {name for name in s.buffers if name not in self.tainted and name not in feeds}
+        self._skip = {n.id for n in model.nodes
+                      if (s.ops[n.op].dst if s.ops[n.op].op == "copy" else
+                          s.ops[n.op].buffer if s.ops[n.op].op == "write" else None) in dead}
         self._after_prefix, self._prefix_reads = self._apply(Memory(s.buffers, materialise=False, table=self.table),
                                                              self.prefix, [])
 
@@ -118,11 +125,13 @@ class Evaluator:
 
     def run(self, order: list[int], materialise: bool = False) -> Evaluation:
         """Apply the nodes of ``order`` (node ids, a sequence of every node) one after the
-        other; ``materialise`` also keeps real bytes (from scratch, no shared prefix)."""
+        other; ``materialise`` also keeps real bytes (from scratch, no shared prefix).  Without
+        it, the memory of a buffer no racing op can reach is not kept current (its reads and
+        digest are the reference's)."""
         if materialise:
             mem, reads = self._apply(Memory(self.s.buffers, materialise=True, table=self.table), order, [])
         else:
-            done = set(self.prefix)
+            done = set(self.prefix) | self._skip
             rest = [u for u in order if u not in done]
             mem, reads = self._apply(self._fork(self._after_prefix), rest, list(self._prefix_reads))
         reads.sort(key=lambda r: r.index)
