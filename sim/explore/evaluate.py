@@ -84,9 +84,17 @@ class Evaluator:
         self._fixed_buffers = {name: self.reference.memory.compact[name].provenance_digest()
                                for name in s.buffers if name not in self.tainted}
         # ... and an op writing such a buffer that no copy into an order-dependent buffer reads
-        # changes nothing an order is judged by: after the prefix it is not applied again
-        feeds = {op.src for op in s.ops if op.op == "copy" and op.dst in self.tainted}
-        dead = {name for name in s.buffers if name not in self.tainted and name not in feeds}
+        # (directly or through other copies) changes nothing an order is judged by: after the
+        # prefix it is not applied again
+        needed = set(self.tainted)           # and every buffer a copy into a needed one reads
+        grew = True
+        while grew:
+            grew = False
+            for op in s.ops:
+                if op.op == "copy" and op.dst in needed and op.src not in needed:
+                    needed.add(op.src)
+                    grew = True
+        dead = set(s.buffers) - needed
         self._skip = {n.id for n in model.nodes
                       if (s.ops[n.op].dst if s.ops[n.op].op == "copy" else
                           s.ops[n.op].buffer if s.ops[n.op].op == "write" else None) in dead}
