@@ -1,21 +1,26 @@
-"""Property-based exploration of the prefill engine over random small workloads.
+"""Stateful exploration of the prefill engine over random small workloads.
 
-``PrefillEngine`` has no public step API (its scheduler iteration is private: ``run()`` drives
-it to the end), so this is a property over whole runs rather than a ``RuleBasedStateMachine``
-whose rules are arrivals and scheduler steps.  Hypothesis draws a small workload on the
-``glm5-22811-small`` preset cut to 2 layers (concurrency, sessions, turns, prompt sizes, the
-device pool, the seed, the gate map) and ``target()`` steers it toward runs with more and larger
-load-backs (where the race lives).  Every run must satisfy:
+Hypothesis draws a small workload on the ``glm5-22811-small`` preset cut to 2 layers
+(concurrency, sessions, turns, prompt sizes, the device pool, the seed, the gate map) and
+``target()`` steers it toward runs with more load-backs (where the race lives).
+``PrefillEngine`` has no public step API, but ``run(progress=...)`` calls back once per scheduler
+iteration: the stepped runs use that as the state machine's step, checking the cache's
+invariants there and applying an action Hypothesis draws (an extra device eviction, an extra ack
+poll, the scheduler host busy for a while, or nothing), so Hypothesis explores and shrinks action
+sequences between the engine's own steps.  Every run must satisfy:
 
 * every request ends completed (the engine has no aborts) and nothing is left waiting;
 * no request reads a slot it does not own: the engine checks every admitted request before its
   forward (``OwnershipError`` otherwise) and the run counts those checks; and, independently, in
   the run's happens-before order every byte a request reads for its entries is KV written by
   itself or by a request of an earlier batch (never a slot's initial contents);
+* between iterations, no slot is held twice (two tree nodes, or a node and the free list), lock
+  counts are never negative, evictable + protected sizes add up to the resident tokens;
 * the metrics agree with each other: corrupted requests <= requests, ``stale + torn`` = the
   corrupted reads listed, each corrupted read is an ungated read of a batch that loaded, its
   requests are the corrupted ones, the reads counted are the forward's reads;
-* the gated map (``upstream-0.5.11``) gives no corrupted read and no index-K race;
+* the gated map (``upstream-0.5.11``) gives no corrupted read and no index-K race, extra
+  evictions and delays included;
 * the same seed gives the same ``signature()``.
 
 The slow tier draws more examples.
@@ -156,6 +161,90 @@ def _determinism_and_gated_twin(case) -> None:
     target(float(a.load_backs), label="load-backs")
 
 
+# ---------------------------------------------------------------- stepped runs
+#
+# PrefillEngine.run calls ``progress`` once per scheduler iteration, before it polls the acks and
+# forms a batch.  A stepped run uses that hook as the state machine's step: it checks the cache's
+# invariants, then applies an action Hypothesis draws for this step (nothing, an extra device
+# eviction as memory pressure from elsewhere would cause, an extra ack poll, or the scheduler host
+# busy for a while), so Hypothesis explores and shrinks sequences of actions between the engine's
+# own steps.  target() steers toward steps with more load-backs in flight.
+
+from sim.cache.records import EvictParams  # noqa: E402
+
+ACTIONS = st.one_of(st.just(("none", 0)), st.tuples(st.just("evict"), st.integers(1, 2048)),
+                    st.just(("poll", 0)), st.tuples(st.just("advance"), st.integers(1, 400)))
+#: steps at which an action is drawn (the rest of the run only checks the invariants)
+DRAWN_STEPS = 40
+
+
+def _tree_nodes(tree):
+    out, stack = [], [tree.root_node]
+    while stack:
+        n = stack.pop()
+        if n is not tree.root_node:
+            out.append(n)
+        stack.extend(n.children.values())
+    return out
+
+
+def _check_cache(e: PrefillEngine) -> None:
+    """Between two scheduler iterations: no device or host slot is held by two tree nodes or by
+    a node and the free list; lock and host reference counts are never negative; an evicted node
+    has a host copy and no resident node hangs below an evicted one; the evictable and protected
+    sizes add up to the resident tokens (protected: those of locked nodes)."""
+    s = e.session
+    tree = s.tree
+    nodes = _tree_nodes(tree)
+    dev = [d for n in nodes if not n.evicted for d in np.asarray(n.value).tolist()]
+    alloc = s.allocator
+    pages = np.concatenate([np.asarray(alloc.free_pages), np.asarray(getattr(alloc, "release_pages", []))])
+    free = (pages.astype(np.int64)[:, None] * PAGE + np.arange(PAGE)).reshape(-1).tolist()
+    assert len(set(dev)) == len(dev), "a device slot in two tree nodes"
+    assert not set(dev) & set(free), "a device slot of the tree is on the free list"
+    host = [h for n in nodes if n.backuped for h in np.asarray(n.host_value).tolist()]
+    assert len(set(host)) == len(host), "a host slot in two tree nodes"
+    assert not set(host) & set(np.asarray(s.host_pool.free_slots).tolist()), "a host slot of the tree is free"
+    resident = locked = 0
+    for n in nodes:
+        assert n.lock_ref >= 0 and n.host_ref_counter >= 0
+        assert n.backuped or not n.evicted, "an evicted node without a host copy"
+        if not n.evicted:
+            assert n.parent is tree.root_node or not n.parent.evicted, "a resident node below an evicted one"
+            resident += len(n.value)
+            locked += len(n.value) if n.lock_ref > 0 else 0
+    assert tree.evictable_size() + tree.protected_size() == resident
+    assert tree.protected_size() == locked
+
+
+def _stepped_run(data, case):
+    overrides, seed = case
+    e = _engine(overrides, seed)
+    steps, most_in_flight = [0], [0]
+
+    def step(_now_us):
+        _check_cache(e)
+        s = e.session
+        most_in_flight[0] = max(most_in_flight[0], len(s.controller.ack_load_queue))
+        steps[0] += 1
+        if steps[0] > DRAWN_STEPS:
+            return
+        kind, amount = data.draw(ACTIONS, label=f"action at step {steps[0]}")
+        if kind == "evict":
+            s.cache.evict(EvictParams(amount))
+        elif kind == "poll":
+            s.cache.check_hicache_events()
+        elif kind == "advance":
+            s.advance(float(amount))
+
+    r = e.run(progress=step)
+    _check_cache(e)
+    _check_run(e, r, _gate_map(overrides))
+    _check_read_bytes_are_owned(e)
+    target(float(most_in_flight[0]), label="load-backs in flight at a step")
+    target(float(r.load_backs), label="load-backs")
+
+
 FAST = settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 DEEP = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -199,3 +288,16 @@ def test_the_owned_bytes_check_catches_a_request_whose_kv_was_never_stored(monke
     e.run()
     with pytest.raises(AssertionError, match="initial contents"):
         _check_read_bytes_are_owned(e)
+
+
+@settings(FAST, max_examples=3)
+@given(st.data(), workloads())
+def test_stepped_runs_with_extra_evictions_polls_and_delays_keep_the_invariants(data, case):
+    _stepped_run(data, case)
+
+
+@pytest.mark.slow
+@settings(DEEP, max_examples=40)
+@given(st.data(), workloads())
+def test_stepped_runs_deep(data, case):
+    _stepped_run(data, case)
