@@ -69,3 +69,18 @@ def test_trace_of_an_engine_run_marks_its_corrupt_reads(exported):
     names = " ".join(str(e.get("name", "")) for e in events)
     assert any(e.get("ph") == "X" for e in events)
     assert doc["corrupted_reads"][0]["op"] in names
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_default_scenario_reproduces_the_incidents_signature(dtype, tmp_path):
+    """`kvrace run` with no scenario runs incident-repro: with the fork's bf16 index-K, requests
+    read index-K that is not theirs after a load-back (no race: wrong bytes in every order); with
+    fp8 nothing is corrupted. Index-K only ever takes the page-granular copy."""
+    out = tmp_path / "r.json"
+    assert main(["run", "--set", "run.duration_s=2", "--set", f"model.index_k_dtype={dtype}", "--json", str(out),
+                 "--progress", "never"]) == 0
+    d = json.loads(out.read_text())
+    assert d["scenario"] == "incident-repro" and d["load_backs"] > 0
+    assert d["requests_raced"] == 0 and d["latent_races"] == 0
+    assert (d["requests_wrong_kv"] > 0) == (dtype == "bf16")
+    assert not any("token" in r for r in d["branches"]["index_k"])
