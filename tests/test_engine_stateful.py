@@ -32,6 +32,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st, target
 
 from sim.bytes.describe import describe
+from sim.cache.records import EvictParams
 from sim.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 from sim.executor import run_reference
@@ -170,7 +171,6 @@ def _determinism_and_gated_twin(case) -> None:
 # busy for a while), so Hypothesis explores and shrinks sequences of actions between the engine's
 # own steps.  target() steers toward steps with more load-backs in flight.
 
-from sim.cache.records import EvictParams  # noqa: E402
 
 ACTIONS = st.one_of(st.just(("none", 0)), st.tuples(st.just("evict"), st.integers(1, 2048)),
                     st.just(("poll", 0)), st.tuples(st.just("advance"), st.integers(1, 400)))

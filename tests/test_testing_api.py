@@ -249,22 +249,38 @@ def _kinds(doc) -> set[str]:
     return out
 
 
-#: what :func:`schedules` must reach: every routine, every host_sync kind, host delays, waits,
-#: barriers and several hosts
-REACH = set(ROUTINES) | {"host_sync:event", "host_sync:stream", "host_sync:device", "host_delay", "barrier",
-                         "several hosts", "wait", "read", "write", "compute", "record"}
+#: the routines each family must reach; together: every routine of sim.transfers.routines
+FAMILY_ROUTINES = {"kv": {"kernel_per_layer", "kernel_all_layer", "direct_per_layer", "token_bytewise"},
+                   "index_k": {"dsa_indexer_per_layer", "token_bytewise"},
+                   "c4": {"dsv4_token", "token_bytewise", "kernel_per_layer"},
+                   "page_first": {"direct_page_first", "staged_all_layer_lf_pf"}}
+#: and what every family's schedules reach: each host_sync kind, host delays, waits, barriers,
+#: several hosts and every stream op
+OPS_REACHED = {"host_sync:event", "host_sync:stream", "host_sync:device", "host_delay", "barrier",
+               "several hosts", "wait", "read", "write", "compute", "record"}
 
 
-def test_schedules_reach_every_routine_sync_kind_and_several_hosts():
+def _reached(strategy, n: int) -> set:
     seen: set = set()
 
-    @settings(max_examples=80, database=None, phases=[Phase.generate], derandomize=True,
+    @settings(max_examples=n, database=None, phases=[Phase.generate], derandomize=True,
               suppress_health_check=list(HealthCheck))
-    @given(schedules())
+    @given(strategy)
     def draw(doc):
         seen.update(_kinds(doc))
     draw()
-    assert REACH - seen == set()
+    return seen
+
+
+def test_families_use_every_routine():
+    assert set().union(*FAMILY_ROUTINES.values()) == set(ROUTINES)
+    assert set(FAMILY_ROUTINES) == set(FAMILIES)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_schedules_reach_every_routine_sync_kind_and_several_hosts(family):
+    missing = (FAMILY_ROUTINES[family] | OPS_REACHED) - _reached(schedules(families=[family]), 60)
+    assert missing == set()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
