@@ -1,7 +1,7 @@
 """Hypothesis strategies and assertions for testing schedules, gate maps and fixes.
 
 Needs Hypothesis, which is in the test extra: ``pip install 'kvrace[test]'``.  ``import sim`` never
-imports this module (``sim`` itself needs only numpy, simpy and networkx); import it by name::
+imports this package (``sim`` itself needs only numpy, simpy and networkx); import it by name::
 
     from sim.testing import (assert_no_corrupt_read, interleavings, load_forward_programs,
                              schedules)
@@ -31,6 +31,10 @@ What it offers (``docs/testing.md`` has a worked pytest example):
 The smaller strategies the project's own tests have always used live here too:
 :func:`kv_schedules` (one 64 B KV geometry, optionally race-free) and :func:`rich_schedules`
 (:func:`schedules` over the kv, index-K and C4 families on one host).
+
+Modules: ``schedules`` (the geometry families and :func:`schedules`), ``programs``
+(:class:`LoadForward`), ``interleavings`` (:class:`Interleaving`, :func:`run_interleaving`),
+``failures`` (:func:`assert_no_corrupt_read`, :func:`write_failure`).
 """
 from __future__ import annotations
 
