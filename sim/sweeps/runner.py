@@ -146,15 +146,47 @@ class _Serial:
         pass
 
 
+def _cancel(ex, fut) -> None:
+    """Drop a chunk whose point has finished (an optimisation: its result is ignored anyway)."""
+    if hasattr(ex, "cancel"):
+        ex.cancel(fut)
+    else:
+        fut.cancel()
+
+
 def _init_worker(imports: tuple[str, ...]) -> None:
     for m in imports:
         importlib.import_module(m)
 
 
-class _RayExecutor:
-    """Submit chunks as Ray tasks; ``ray.init()`` locally when no address is given."""
+def _shipped_modules(imports: tuple[str, ...]) -> list[str]:
+    """Paths of the top-level modules or packages behind ``imports`` that are not installed
+    (not under a site-packages folder): Ray ships these to its workers (``py_modules``)."""
+    import sysconfig
 
-    def __init__(self, address: str | None, workers: int | None):
+    installed = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("purelib", "platlib")}
+    paths = []
+    for name in imports:
+        top = importlib.import_module(name.split(".")[0])
+        origin = getattr(top, "__file__", None)
+        if origin is None:
+            continue
+        path = os.path.dirname(origin) if os.path.basename(origin) == "__init__.py" else origin
+        real = os.path.realpath(path)
+        if not any(real.startswith(d + os.sep) for d in installed) and path not in paths:
+            paths.append(path)
+    return paths
+
+
+class _RayExecutor:
+    """Submit chunks as Ray tasks; ``ray.init()`` locally when no address is given.
+
+    Modules named by ``imports`` (user generators) that are not installed are shipped to the
+    workers with Ray's ``py_modules`` when Ray is started here (Ray ships modules only from
+    ``ray.init``: a caller that started Ray itself makes them importable there).  kvrace itself
+    must be installed on every node."""
+
+    def __init__(self, address: str | None, workers: int | None, imports: tuple[str, ...] = ()):
         try:
             import ray
         except ImportError:
@@ -164,13 +196,39 @@ class _RayExecutor:
         self.started = False
         if not ray.is_initialized():
             kw = {"address": address} if address else {"num_cpus": workers} if workers else {}
-            ray.init(include_dashboard=False, log_to_driver=False, **kw)
+            shipped = _shipped_modules(imports)
+            if shipped:
+                kw["runtime_env"] = {"py_modules": shipped}
+            try:
+                ray.init(include_dashboard=False, log_to_driver=False, **kw)
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                where = "--ray-address" if address else "--backend ray"
+                raise InputError(where, f"cannot start or join Ray ({e}); expected a reachable Ray cluster "
+                                 "address (or none: a local Ray)") from None
             self.started = True
         self.remote = ray.remote(run_chunk)
         self.cpus = int(ray.cluster_resources().get("CPU", 1))
+        self.refs: dict = {}                  # future -> its ObjectRef
 
     def submit(self, fn, task):
-        return self.remote.remote(task).future()
+        ref = self.remote.remote(task)
+        fut = ref.future()
+        self.refs[fut] = ref
+        fut.add_done_callback(lambda f: self.refs.pop(f, None))
+        return fut
+
+    def cancel(self, fut) -> None:
+        """Ask Ray to drop the task; its future still completes (with its result or Ray's
+        cancellation error), and the driver ignores it."""
+        # NOTE: never Future.cancel() here: Ray completes the future it handed out from its own
+        # callback thread, and a future cancelled under it makes that completion fail, after
+        # which no other future completes (a --until-ci sweep on Ray hung this way).
+        ref = self.refs.get(fut)
+        if ref is not None:
+            try:
+                self.ray.cancel(ref)
+            except Exception:                 # already finished, or running where it cannot be stopped
+                pass
 
     def shutdown(self, wait=True, cancel_futures=False):
         if self.started:
@@ -232,7 +290,7 @@ def run_sweep(spec: SweepSpec, out: str | None = None, *, workers: int | None = 
 
     if todo:
         if backend == "ray":
-            ex = _RayExecutor(ray_address, workers)
+            ex = _RayExecutor(ray_address, workers, spec.imports)
             slots = 2 * ex.cpus
         elif (workers or os.cpu_count() or 1) == 1:
             ex, slots = _Serial(), 1
@@ -287,7 +345,7 @@ def _drive(spec, todo, ex, slots, store, done, totals, report) -> None:
             st = tasks.pop(fut)
             st.in_flight -= 1
             if st.finished or fut.cancelled():
-                continue
+                continue                    # a chunk past the point's stop: ignored (Ray's may hold an error)
             res = fut.result()              # a worker's exception (bad input) ends the sweep here
             st.results[res.chunk] = res
             _fold(spec, st, totals)
@@ -300,7 +358,7 @@ def _drive(spec, todo, ex, slots, store, done, totals, report) -> None:
                     store.add(row)
                 for f, other in tasks.items():
                     if other is st:
-                        f.cancel()
+                        _cancel(ex, f)
             report()
         submit()
 
