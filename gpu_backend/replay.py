@@ -386,10 +386,9 @@ def cli_replay(args, *, make_runner=None) -> int:
 
     check_output_path(args.json, "--json")      # before the GPU work: a bad path is exit 2 now
     trace = getattr(args, "trace", None)
-    if trace:
-        from kvrace.sweep_cli import check_trace_option
-
-        check_trace_option(args)
+    if trace == "-":
+        raise InputError("--trace", "expected a file path ('-' is not accepted: stdout carries the report)")
+    check_output_path(trace, "--trace")
     s = load(args.file)
     try:
         rep = replay(s, args.provider, args.mode, profile=args.profile, trials=args.trials, seed=args.seed,

@@ -229,14 +229,19 @@ def check_signature_table(table) -> dict:
     The shape: ``{"scenario": str, "trials": int, "columns": [{"name": str,
     "config": {...}}], "rows": [{"hypothesis": str, "cells": [{"corrupted": int,
     "requests": int, "fraction": float, "ci": [lo, hi]}], "score": float, "fits":
-    bool}], "observed": [{"fraction": float | null, "corrupt": bool}]}``: one cell
-    per column in every row, one observed entry per column, ``lo <= fraction <=
-    hi`` inside [0, 1] and ``corrupted <= requests``.  Every error names the key
-    (``signatures.rows[2].cells[0].ci``) and what it expects."""
+    bool}], "observed": [{"fraction": float | null, "corrupt": bool | null}]}``:
+    one cell per column in every row, one observed entry per column (``corrupt``
+    null: not observed), ``lo <= fraction <= hi`` inside [0, 1] and ``corrupted
+    <= requests``.  Other keys are allowed (``kvrace signatures --json`` adds the
+    matrix, seed, per-row ``matched`` and per-cell read counts) and ignored, but
+    a row's ``matched``, when present, must hold one true/false/null per column.
+    Every error names the key (``signatures.rows[2].cells[0].ci``) and what it
+    expects."""
     w = "signatures"
     if not isinstance(table, dict):
         raise InputError(w, f"expected a JSON object with keys {list(_TABLE_KEYS)}, got {show(table)}")
-    check_keys(table, _TABLE_KEYS, w, required=_TABLE_KEYS, context=" (a signature table)")
+    # NOTE: only the keys the heat map draws are required; the producer's other keys pass
+    check_keys(table, set(table) | set(_TABLE_KEYS), w, required=_TABLE_KEYS, context=" (a signature table)")
     if not isinstance(table["scenario"], str):
         raise InputError(f"{w}.scenario", f"expected a text, got {show(table['scenario'])}")
     if not isinstance(table["trials"], int) or isinstance(table["trials"], bool) or table["trials"] < 1:
@@ -248,7 +253,7 @@ def check_signature_table(table) -> dict:
         where = f"{w}.columns[{i}]"
         if not isinstance(c, dict):
             raise InputError(where, f"expected an object {{name, config}}, got {show(c)}")
-        check_keys(c, ("name", "config"), where, required=("name", "config"), context=" (a column)")
+        check_keys(c, set(c) | {"name", "config"}, where, required=("name", "config"), context=" (a column)")
         if not isinstance(c["name"], str):
             raise InputError(f"{where}.name", f"expected a text, got {show(c['name'])}")
         if not isinstance(c["config"], dict):
@@ -260,8 +265,13 @@ def check_signature_table(table) -> dict:
         where = f"{w}.rows[{i}]"
         if not isinstance(r, dict):
             raise InputError(where, f"expected an object {{hypothesis, cells, score, fits}}, got {show(r)}")
-        check_keys(r, ("hypothesis", "cells", "score", "fits"), where,
+        check_keys(r, set(r) | {"hypothesis", "cells", "score", "fits"}, where,
                    required=("hypothesis", "cells", "score", "fits"), context=" (a hypothesis row)")
+        matched = r.get("matched")
+        if matched is not None and not (isinstance(matched, list) and len(matched) == len(cols)
+                                        and all(m in (True, False, None) for m in matched)):
+            raise InputError(f"{where}.matched", f"expected a list of {len(cols)} true/false/null (one per "
+                             f"column), got {show(matched)}")
         if not isinstance(r["hypothesis"], str):
             raise InputError(f"{where}.hypothesis", f"expected a text, got {show(r['hypothesis'])}")
         if not _is_number(r["score"]):
@@ -276,7 +286,7 @@ def check_signature_table(table) -> dict:
             cw = f"{where}.cells[{j}]"
             if not isinstance(cell, dict):
                 raise InputError(cw, f"expected an object {{{', '.join(_CELL_KEYS)}}}, got {show(cell)}")
-            check_keys(cell, _CELL_KEYS, cw, required=_CELL_KEYS, context=" (a cell)")
+            check_keys(cell, set(cell) | set(_CELL_KEYS), cw, required=_CELL_KEYS, context=" (a cell)")
             n, k = cell["requests"], cell["corrupted"]
             if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                 raise InputError(f"{cw}.requests", f"expected a whole number >= 0, got {show(n)}")
@@ -297,16 +307,17 @@ def check_signature_table(table) -> dict:
         ow = f"{w}.observed[{j}]"
         if not isinstance(o, dict):
             raise InputError(ow, f"expected an object {{fraction, corrupt}}, got {show(o)}")
-        check_keys(o, ("fraction", "corrupt"), ow, required=("fraction", "corrupt"), context=" (an observation)")
+        check_keys(o, set(o) | {"fraction", "corrupt"}, ow, required=("fraction", "corrupt"),
+                   context=" (an observation)")
         if o["fraction"] is not None:
             _fraction(o["fraction"], f"{ow}.fraction")
-        if not isinstance(o["corrupt"], bool):
-            raise InputError(f"{ow}.corrupt", f"expected true or false, got {show(o['corrupt'])}")
+        if o["corrupt"] not in (True, False, None):
+            raise InputError(f"{ow}.corrupt", f"expected true, false or null (not observed), got {show(o['corrupt'])}")
     return table
 
 
 def _config_text(config: dict, limit: int = 3) -> str:
-    items = [f"{k}={v}" for k, v in config.items()]
+    items = [f"{str(k).rsplit('.', 1)[-1]}={v}" for k, v in config.items()]     # model.index_k_dtype -> index_k_dtype
     return "\n".join(items[:limit] + ([f"+{len(items) - limit} more"] if len(items) > limit else []))
 
 
@@ -322,9 +333,11 @@ def signature_heatmap(table: dict, path: str, *, title: str | None = None) -> li
     is its corrupted fraction (0 white to 1 dark red; no requests: grey, "n/a");
     its text is the fraction, the 95 % interval and ``corrupted/requests``.
     Rows that fit the observations carry a check mark and a green frame; each
-    row's score is written at its right.  The top row, set apart, is what the
-    deployment observed per column: the fraction when known, otherwise
-    "corrupt" or "clean" (coloured 1 or 0).
+    row's score is written at its right; where a row says per column whether it
+    matched the observation (``matched``), the cell's corner shows a check or a
+    cross.  The top row, set apart, is what the deployment observed per column:
+    the fraction (and its range, when ``low``/``high`` are given) when known,
+    otherwise "corrupt" or "clean" (coloured 1 or 0), or "not observed" (grey).
 
     ``path``: ``X.png`` or ``X.svg`` writes that file; any other path is a base
     and writes ``path.png`` and ``path.svg``."""
@@ -352,6 +365,10 @@ def signature_heatmap(table: dict, path: str, *, title: str | None = None) -> li
             lo, hi = c["ci"]
             ax.text(j, i, f"{c['fraction']:.2f}\n[{lo:.2f}, {hi:.2f}]\n{c['corrupted']}/{c['requests']}",
                     ha="center", va="center", fontsize=7, color=_cell_colour_text(cmap, c["fraction"]))
+        for j, m in enumerate(r.get("matched") or ()):
+            if m is not None:
+                ax.text(j + 0.45, i - 0.42, "\u2713" if m else "\u2717", ha="right", va="top", fontsize=8,
+                        color=_FITS_COLOUR if m else "#b00020", fontweight="bold")
         if r["fits"]:
             ax.add_patch(Rectangle((-0.5 + 0.02, i - 0.5 + 0.03), nc - 0.04, 0.94, fill=False, edgecolor=_FITS_COLOUR,
                                    linewidth=3, zorder=5))
@@ -368,12 +385,21 @@ def signature_heatmap(table: dict, path: str, *, title: str | None = None) -> li
     ax.grid(which="minor", color="white", linewidth=1.5)
     ax.tick_params(which="minor", length=0)
 
-    shown = np.array([[o["fraction"] if o["fraction"] is not None else float(o["corrupt"]) for o in obs]], float)
-    ax_obs.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    shown = np.array([[o["fraction"] if o["fraction"] is not None else
+                        np.nan if o["corrupt"] is None else float(o["corrupt"]) for o in obs]], float)
+    ax_obs.imshow(np.ma.masked_invalid(shown), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
     for j, o in enumerate(obs):
-        text = f"{o['fraction']:.2f}" if o["fraction"] is not None else ("corrupt" if o["corrupt"] else "clean")
+        if o["fraction"] is not None:
+            text = f"{o['fraction']:.2f}"
+            if _is_number(o.get("low")) and _is_number(o.get("high")) and o["low"] < o["high"]:
+                text += f"\n({o['low']:.2f}-{o['high']:.2f})"
+        elif o["corrupt"] is None:
+            ax_obs.add_patch(Rectangle((j - 0.5, -0.5), 1, 1, facecolor=_NA_COLOUR, edgecolor="none"))
+            text = "not observed"
+        else:
+            text = "corrupt" if o["corrupt"] else "clean"
         ax_obs.text(j, 0, text, ha="center", va="center", fontsize=8, fontweight="bold",
-                    color=_cell_colour_text(cmap, shown[0, j]))
+                    color="black" if np.isnan(shown[0, j]) else _cell_colour_text(cmap, shown[0, j]))
     ax_obs.set_yticks([0], ["observed"], fontsize=8, fontweight="bold")
     ax_obs.set_xticks(np.arange(-0.5, nc, 1), minor=True)
     ax_obs.grid(which="minor", axis="x", color="white", linewidth=1.5)

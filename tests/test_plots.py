@@ -161,14 +161,15 @@ def test_signature_heatmap_colours_follow_the_fraction(tmp_path):
 
 @pytest.mark.parametrize("edit, where", [
     (lambda t: t.pop("observed"), "signatures.observed"),
-    (lambda t: t.update(extra=1), "signatures.extra"),
+    (lambda t: t["rows"][0].pop("score"), "signatures.rows[0].score"),
+    (lambda t: t["rows"][0].update(matched=[True, None]), "signatures.rows[0].matched"),
     (lambda t: t["rows"][1]["cells"].pop(), "signatures.rows[1].cells"),
     (lambda t: t["rows"][0]["cells"][2].update(fraction=1.5), "signatures.rows[0].cells[2].fraction"),
     (lambda t: t["rows"][0]["cells"][0].update(ci=[0.5, 0.6]), "signatures.rows[0].cells[0].ci"),
     (lambda t: t["rows"][0]["cells"][0].update(corrupted=30), "signatures.rows[0].cells[0].corrupted"),
     (lambda t: t["rows"][0].update(fits="yes"), "signatures.rows[0].fits"),
     (lambda t: t["observed"].pop(), "signatures.observed"),
-    (lambda t: t["observed"][1].update(corrupt=None), "signatures.observed[1].corrupt"),
+    (lambda t: t["observed"][1].update(corrupt="no"), "signatures.observed[1].corrupt"),
     (lambda t: t["columns"][0].pop("config"), "signatures.columns[0].config"),
     (lambda t: t.update(trials=0), "signatures.trials"),
 ])
@@ -181,6 +182,28 @@ def test_signature_table_errors_name_the_key(edit, where):
     with pytest.raises(InputError) as e:
         check_signature_table(t)
     assert e.value.where == where and "expected" in e.value.message
+
+
+def test_signature_table_takes_the_producers_extra_keys(tmp_path):
+    """`kvrace signatures --json` writes more than the heat map draws: accepted; `matched` and
+    an unobserved column are drawn."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    from sim.plots import check_signature_table, signature_heatmap
+
+    t = _table()
+    t.update(matrix="incident", seed=0, runs=6, wall_time_s=1.5)
+    t["columns"][0].update(fixed=False, note="about 17 %")
+    t["rows"][0].update(matched=[True, False, None])
+    t["rows"][0]["cells"][0].update(stale_reads=3, torn_reads=0)
+    t["observed"][0].update(low=0.12, high=0.18)
+    t["observed"][2] = {"fraction": None, "low": None, "high": None, "corrupt": None}
+    assert check_signature_table(t) is t
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        (svg,) = signature_heatmap(t, str(tmp_path / "x.svg"))
+    texts = " | ".join(_svg_texts(svg))
+    assert "not observed" in texts and "(0.12-0.18)" in texts and "\u2717" in texts
 
 
 def test_cli_plot_signatures(tmp_path, capsys):
