@@ -576,7 +576,7 @@ class PrefillEngine:
             stale_reads=rep["stale_reads"], torn_reads=rep["torn_reads"], latent_races=rep["latent_races_total"],
             latent_races_by_buffer=dict(sorted(by_buf.items())), oob_writes=len(rep["oob_writes"]),
             load_backs=self.counts["load_backs"], load_back_tokens=self.counts["load_back_tokens"],
-            backups=s.controller.writes_started, batches=self.counts["batches"], branches=self._branches(run),
+            backups=s.controller.writes_started, batches=self.counts["batches"], branches=s.branches,
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
             ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
             hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(raced),
@@ -636,21 +636,6 @@ class PrefillEngine:
                     out.add(rid)
                     break
         return out
-
-    def _branches(self, run) -> dict:
-        """{device pool role: {copy routine: copy ops}} over the copies the run issued."""
-        role_of = {name: role for role, (name, _) in self.buffers.items()}
-        out: dict[str, dict[str, int]] = {}
-        for op in run.schedule.ops:
-            if op.op != "copy":
-                continue
-            role = role_of.get(op.dst) or role_of.get(op.src)
-            if role is None:
-                continue
-            routine = op.routine
-            out.setdefault(role, {}).setdefault(routine, 0)
-            out[role][routine] += 1
-        return {r: dict(sorted(v.items())) for r, v in sorted(out.items())}
 
 
 def run_prefill_engine(scenario, seed: int | None = None, *, overrides=(), layers: int | None = None,
