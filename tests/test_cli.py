@@ -77,7 +77,7 @@ def test_profiles_listed():
 def test_readme_opens_with_exactly_two_commands_and_ci_runs_the_second():
     lines = open("README.md").read().splitlines()
     assert lines[0] == "```bash" and lines[3] == "```"
-    assert "kvrace schedule run" in lines[1] and "pytest" in lines[2]
+    assert lines[1].endswith("pip install . && kvrace run") and "pytest" in lines[2]
     ci = open(".ci/run").read()
     assert "sed -n '3p' README.md" in ci
 
