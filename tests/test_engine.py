@@ -283,3 +283,19 @@ def test_topk_verdict_tells_selection_changing_races_apart():
     e.model = dataclasses.replace(e.model, dims=dataclasses.replace(e.model.dims, index_topk=8))
     r8 = e.run()
     assert 0 < r8.index_k_topk_changed <= r8.stale_reads + r8.torn_reads
+
+
+def test_step_api_gives_the_same_result_as_run():
+    a = small("upstream-0.5.10")
+    with pytest.raises(EngineError, match="start"):
+        a.step()
+    a.start()
+    with pytest.raises(EngineError, match="in flight"):
+        a.finish()
+    n = 0
+    while a.step():
+        n += 1
+    assert n > 0 and not a.step()
+    ra = a.finish()
+    rb = small("upstream-0.5.10").run()
+    assert ra.signature() == rb.signature()

@@ -248,6 +248,7 @@ class PrefillEngine:
         self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)})
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self.chunked: _Admitted | None = None
+        self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
 
     # ---------------------------------------------------------------- one request
@@ -481,44 +482,72 @@ class PrefillEngine:
         return True
 
     def run(self, max_iterations: int = 1_000_000, *, progress=None) -> EngineResult:
-        """Run the workload to its end and analyse the run.  ``progress``: called with the
-        simulated time (us) once per scheduler iteration (e.g. to drive a progress bar)."""
-        t0 = time.perf_counter()
-        s = self.session
-        self.waiting.extend(self.driver.start(0))
+        """Run the workload to its end and analyse the run: :meth:`start`, :meth:`step` until it
+        returns False, :meth:`finish`.  ``progress``: called with the simulated time (us) before
+        each scheduler iteration (e.g. to drive a progress bar)."""
+        self.start()
         for _ in range(max_iterations):
-            if self.driver.done:
-                break
             if progress is not None:
-                progress(s.now)
-            self._poll()
-            if self.pd:
-                self._decode_pd()
-            batch = self._form_batch()
-            if batch:
-                self._run_batch(batch)
-                continue
-            if not self.pd and self._decode_step_colocated():
-                continue
-            future = [r.arrival_us for r in self.waiting if r.arrival_us > s.now]
-            nxt = self.decode.next_event_us()
-            if nxt is not None and nxt > s.now:
-                future.append(nxt)
-            ready = [r for r in self.waiting if r.arrival_us <= s.now]
-            if future and not ready:
-                s.advance(max(1.0, min(future) - s.now))
-            elif ready and not s.controller.ack_write_queue and not s.controller.ack_load_queue:
-                r = ready[0]
-                raise EngineError(f"request {r.rid} ({r.input_len} tokens) cannot fit the device pool "
-                                  f"({s.allocator.size_full} tokens) "
-                                  "even with nothing pending; raise scheduler.max_total_tokens")
-            else:
-                s.advance(IDLE_US)
+                progress(self.session.now)
+            if not self.step():
+                break
         else:
             raise EngineError(f"the run did not finish in {max_iterations} scheduler iterations")
-        s.wait_idle()
+        return self.finish()
+
+    def start(self) -> None:
+        """Release the workload's first requests (call once, before :meth:`step`)."""
+        if self._t0 is not None:
+            raise EngineError("the engine has started already (start() is called once)")
+        self._t0 = time.perf_counter()
+        self.waiting.extend(self.driver.start(0))
+
+    def step(self) -> bool:
+        """One scheduler iteration: poll the acks, bring the decode side up to now, run a
+        prefill batch if one can be formed (else, colocated, a decode step; else wait for the
+        next arrival or decode event, or poll again after ``IDLE_US``).  False, doing
+        nothing, once every request has completed."""
+        if self._t0 is None:
+            raise EngineError("call start() before step()")
+        s = self.session
+        if self.driver.done:
+            return False
         self._poll()
-        return self._result(time.perf_counter() - t0)
+        if self.pd:
+            self._decode_pd()
+        batch = self._form_batch()
+        if batch:
+            self._run_batch(batch)
+            return True
+        if not self.pd and self._decode_step_colocated():
+            return True
+        future = [r.arrival_us for r in self.waiting if r.arrival_us > s.now]
+        nxt = self.decode.next_event_us()
+        if nxt is not None and nxt > s.now:
+            future.append(nxt)
+        ready = [r for r in self.waiting if r.arrival_us <= s.now]
+        if future and not ready:
+            s.advance(max(1.0, min(future) - s.now))
+        elif ready and not s.controller.ack_write_queue and not s.controller.ack_load_queue:
+            r = ready[0]
+            raise EngineError(f"request {r.rid} ({r.input_len} tokens) cannot fit the device pool "
+                              f"({s.allocator.size_full} tokens) "
+                              "even with nothing pending; raise scheduler.max_total_tokens")
+        else:
+            s.advance(IDLE_US)
+        return True
+
+    def finish(self) -> EngineResult:
+        """Wait for the device to go idle, poll once more and analyse the run (the verdicts,
+        the KV oracle, the metrics); the session is finished after it."""
+        if self._t0 is None:
+            raise EngineError("call start() and step() before finish()")
+        if not self.driver.done:
+            raise EngineError(f"{len(self.driver.in_flight())} requests are still in flight; step() until it "
+                              "returns False")
+        self.session.wait_idle()
+        self._poll()
+        return self._result(time.perf_counter() - self._t0)
 
     def _poll(self) -> None:
         """``check_hicache_events()``: poll the backup and load acks (HiCache on only)."""
