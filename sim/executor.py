@@ -637,12 +637,16 @@ class Executor:
             started = int(np.searchsorted(cp.t0 + cp.rel_start, t, side="right"))
             info = {"copy": cp.op.id, "items": n_items, "items_done": n_done,
                     "items_in_flight": max(0, started - n_done)}
-            in_flight.append(info)
+            in_flight.append((cp.op.index, info))
             if not self.torn or started <= n_done:
                 continue
             sl = cp.extent_slice(n_done, started)
             done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
             self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)
+        # NOTE: listed in issue order, not in the order the copies became active: copies that
+        # start at one instant on different streams may activate in either order (a window cut
+        # from the run re-creates the same instant with fewer events), and the list is a set
+        in_flight = [info for _, info in sorted(in_flight, key=lambda x: x[0])]
         cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight)
         if self.online is not None:
             self.online.captured(cap)
