@@ -44,6 +44,10 @@ accessor, or each step that does also calls another gated accessor: the forward 
 step when any of its accessors waits) is **equivalent by construction** and not run unless
 ``run_all``.  Each mutant runs ``trials`` engine seeds (``run.seed .. run.seed+trials-1``):
 requests corrupted and latent races, against the unmutated scenario's runs of the same seeds.
+A scenario mutant is **detected** when some seed corrupts requests and the per-seed counts of
+corrupted requests differ from the unmutated run's, or some seed has more latent races than the
+unmutated run of that seed.  Its score is detected / mutants (``score_non_equivalent``: over the
+mutants run).
 """
 from __future__ import annotations
 
@@ -369,10 +373,20 @@ class ScenarioMutationReport:
     def score(self) -> float | None:
         return self.detected / len(self.mutants) if self.mutants else None
 
+    @property
+    def equivalent(self) -> int:
+        return sum(not m.run for m in self.mutants)
+
+    @property
+    def score_non_equivalent(self) -> float | None:
+        n = len(self.mutants) - self.equivalent
+        return self.detected / n if n else None
+
     def to_json(self) -> dict:
         return {"kvrace_mutate": 1, "kind": "scenario", "scenario": self.scenario, "overrides": self.overrides,
                 "seeds": self.seeds, "mutants_total": len(self.mutants), "detected": self.detected,
-                "equivalent": sum(not m.run for m in self.mutants), "score": self.score,
+                "equivalent": self.equivalent, "score": self.score,
+                "score_non_equivalent": self.score_non_equivalent,
                 "original": asdict(self.original),
                 "mutants": [{**asdict(m), "status": m.status} for m in self.mutants]}
 
@@ -447,5 +461,7 @@ def scenario_text(rep: ScenarioMutationReport) -> str:
         if m.reason:
             lines.append(f"  {m.name}: {m.reason}")
     sc = "-" if rep.score is None else f"{rep.detected}/{len(rep.mutants)} = {rep.score:.2f}"
-    lines.append(f"\nmutation score {sc} ({d['equivalent']} equivalent by construction)")
+    ne = "-" if rep.score_non_equivalent is None else f"{rep.score_non_equivalent:.2f}"
+    lines.append(f"\nmutation score {sc} ({d['equivalent']} equivalent by construction; score over the mutants "
+                 f"run {ne})")
     return "\n".join(lines)
