@@ -3,11 +3,12 @@
 Hypothesis draws a small workload on the ``glm5-22811-small`` preset cut to 2 layers
 (concurrency, sessions, turns, prompt sizes, the device pool, the seed, the gate map) and
 ``target()`` steers it toward runs with more load-backs (where the race lives).
-``PrefillEngine`` has no public step API, but ``run(progress=...)`` calls back once per scheduler
-iteration: the stepped runs use that as the state machine's step, checking the cache's
-invariants there and applying an action Hypothesis draws (an extra device eviction, an extra ack
-poll, the scheduler host busy for a while, or nothing), so Hypothesis explores and shrinks action
-sequences between the engine's own steps.  Every run must satisfy:
+The stepped runs use ``run(progress=...)`` (called once per scheduler iteration) to check the
+cache's invariants there and apply an action Hypothesis draws (an extra device eviction, an extra
+ack poll, the scheduler host busy for a while, or nothing); ``EngineMachine`` is the same as a
+``RuleBasedStateMachine`` over the engine's step API (``start``/``step``/``finish``), so
+Hypothesis chooses and shrinks the sequence of scheduler iterations and actions itself.  Every
+run must satisfy:
 
 * every request ends completed (the engine has no aborts) and nothing is left waiting;
 * no request reads a slot it does not own: the engine checks every admitted request before its
@@ -301,3 +302,76 @@ def test_stepped_runs_with_extra_evictions_polls_and_delays_keep_the_invariants(
 @given(st.data(), workloads())
 def test_stepped_runs_deep(data, case):
     _stepped_run(data, case)
+
+
+# ---------------------------------------------------------------- a RuleBasedStateMachine over the step API
+
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule  # noqa: E402
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """The engine driven one scheduler iteration at a time (``PrefillEngine.step``), with
+    Hypothesis choosing what happens between iterations: another iteration (arrivals, turns,
+    batches, load-backs and decode happen there, as the workload and the scheduler decide), an
+    extra device eviction, an extra ack poll, or the scheduler host busy for a while.  The cache
+    invariants hold after every rule; at the end the run is driven to completion and every
+    request must be completed, own what it read, and the metrics must agree."""
+
+    @initialize(case=workloads())
+    def start(self, case):
+        self.case = case
+        self.e = _engine(*case)
+        self.e.start()
+        self.running = True
+        self.most_in_flight = 0
+
+    @rule()
+    def scheduler_iteration(self):
+        if self.running:
+            self.running = self.e.step()
+        n = len(self.e.session.controller.ack_load_queue)
+        self.most_in_flight = max(self.most_in_flight, n)
+
+    @rule(tokens=st.sampled_from([64, 256, 1024]))
+    def extra_eviction(self, tokens):
+        if self.running:
+            self.e.session.cache.evict(EvictParams(tokens))
+
+    @rule()
+    def ack_poll(self):
+        if self.running:
+            self.e.session.cache.check_hicache_events()
+
+    @rule(us=st.sampled_from([5.0, 50.0, 500.0]))
+    def host_busy(self, us):
+        if self.running:
+            self.e.session.advance(us)
+
+    @invariant()
+    def cache_is_consistent(self):
+        if hasattr(self, "e"):
+            _check_cache(self.e)
+
+    def teardown(self):
+        if not hasattr(self, "e"):
+            return
+        for _ in range(100_000):
+            if not self.running or not self.e.step():
+                break
+            _check_cache(self.e)
+        r = self.e.finish()
+        _check_run(self.e, r, _gate_map(self.case[0]))
+        _check_read_bytes_are_owned(self.e)
+        # NOTE: once per test case (target() refuses a second observation of a label)
+        target(float(self.most_in_flight), label="load-backs in flight")
+
+
+TestEngineMachine = EngineMachine.TestCase
+TestEngineMachine.settings = settings(max_examples=3, stateful_step_count=25, deadline=None,
+                                      suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.slow
+class TestEngineMachineDeep(EngineMachine.TestCase):
+    settings = settings(max_examples=40, stateful_step_count=80, deadline=None,
+                        suppress_health_check=[HealthCheck.too_slow])
