@@ -229,7 +229,7 @@ def _cli_calibrate(args) -> int:
 def _gpu_command(command):
     """GPU commands live in gpu_backend/; import it only when asked (sim never needs torch)."""
     def run(args) -> int:
-        for opt in ("json", "out"):            # bad paths are exit 2, before looking for a GPU
+        for opt in ("json", "out", "trace"):   # bad paths are exit 2, before looking for a GPU
             check_output_path(getattr(args, opt, None), f"--{opt}")
         try:
             import torch
@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--profile", default="h200", help="hardware profile for the simulator's prediction")
     rp.add_argument("--seed", type=_non_negative_int, default=0, help="seed (>= 0, default 0)")
     rp.add_argument("--json", metavar="PATH", help="write the JSON result to PATH ('-' for stdout only)")
+    add_trace_option(rp)
     rp.set_defaults(func=_gpu_command(_cli_replay))
 
     cal = sub.add_parser("calibrate", help="measure this GPU and write a hardware profile (needs torch + CUDA)",
