@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 #: the notebooks issue 11 (item 4) asks for (gpu_replay replays only when a GPU is present)
-EXPECTED = {"race_window.ipynb", "race_probability.ipynb", "gpu_replay.ipynb"}
+EXPECTED = {"race_window.ipynb", "race_probability.ipynb", "gpu_replay.ipynb", "incident.ipynb"}
 CELL_TIMEOUT_S = 120
 KERNEL = "python3"
 
