@@ -18,6 +18,7 @@ from sim.errors import InputError
 from sim.report_io import check_output_path, emit, write_json  # noqa: F401  (emit: re-exported)
 
 from kvrace.sweep_cli import add_parsers, add_trace_option, check_trace_option, write_run_trace
+from kvrace.argtypes import int_at_least
 from kvrace.explore_cli import add_parser as add_explore_parser
 from kvrace.run_cli import add_parser as add_run_parser
 from kvrace.scenarios_cli import add_scenarios_parser
@@ -66,21 +67,8 @@ def version() -> str:
 
 # ---- argument types and checks (all errors are InputError or argparse usage errors: exit 2) ----
 
-def _non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {v}")
-    return v
 
 
-def _positive_int(text: str) -> int:
-    v = _non_negative_int(text)
-    if v == 0:
-        raise argparse.ArgumentTypeError("expected a whole number >= 1, got 0")
-    return v
 
 
 def _split(values) -> list[str]:
@@ -267,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--snapshot", metavar="PATH",
                    help="also write the predicted Snapshot (read bytes, buffer digests) to PATH ('-' for stdout only)")
     r.add_argument("--profile", default="h200", help="hardware profile: shipped name or TOML path (default h200)")
-    r.add_argument("--seed", type=_non_negative_int, default=0,
+    r.add_argument("--seed", type=int_at_least(0), default=0,
                    help="seed (>= 0) for jitter and seeded tie-breaking (default 0)")
     r.add_argument("--ties", default=None, choices=["fifo", "seeded", "explicit"],
                    help="order of ops ready at the same instant (default fifo; explicit when --first is given)")
@@ -292,9 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--mode", default="controlled", choices=["controlled", "free"],
                     help="controlled: force the simulator's interleaving and require equal bytes; "
                          "free: no added synchronisation, measure how often reads are stale")
-    rp.add_argument("--trials", type=_positive_int, default=100, help="free mode: number of runs (default 100)")
+    rp.add_argument("--trials", type=int_at_least(1), default=100, help="free mode: number of runs (default 100)")
     rp.add_argument("--profile", default="h200", help="hardware profile for the simulator's prediction")
-    rp.add_argument("--seed", type=_non_negative_int, default=0, help="seed (>= 0, default 0)")
+    rp.add_argument("--seed", type=int_at_least(0), default=0, help="seed (>= 0, default 0)")
     rp.add_argument("--json", metavar="PATH", help="write the JSON result to PATH ('-' for stdout only)")
     add_trace_option(rp)
     rp.set_defaults(func=_gpu_command(_cli_replay))

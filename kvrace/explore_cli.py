@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from kvrace.argtypes import int_at_least
 from sim.errors import InputError
 from sim.report_io import check_output_path, write_json
 
@@ -32,16 +33,6 @@ stale or torn read).
 """
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {v}")
-        return v
-    return parse
 
 
 def add_parser(sub, epilog: str) -> argparse.ArgumentParser:
@@ -53,18 +44,18 @@ def add_parser(sub, epilog: str) -> argparse.ArgumentParser:
     p.add_argument("file")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--exhaustive", action="store_true", help="every trace (the default)")
-    mode.add_argument("--pct", type=_count(1), metavar="N", help="N PCT runs")
-    mode.add_argument("--random", type=_count(1), metavar="N", help="N runs under the timing model")
-    p.add_argument("--depth", type=_count(1), default=None, metavar="D", help="PCT bug depth (default 2)")
-    p.add_argument("--seed", type=_count(0), default=0, help="seed for --pct and --random (default 0)")
-    p.add_argument("--chunk", type=_count(0), default=DEFAULT_CHUNK_BYTES, metavar="BYTES",
+    mode.add_argument("--pct", type=int_at_least(1), metavar="N", help="N PCT runs")
+    mode.add_argument("--random", type=int_at_least(1), metavar="N", help="N runs under the timing model")
+    p.add_argument("--depth", type=int_at_least(1), default=None, metavar="D", help="PCT bug depth (default 2)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed for --pct and --random (default 0)")
+    p.add_argument("--chunk", type=int_at_least(0), default=DEFAULT_CHUNK_BYTES, metavar="BYTES",
                    help=f"chunk of a copy item explored as one step (default {DEFAULT_CHUNK_BYTES}; 0: whole items)")
-    p.add_argument("--max-orders", type=_count(1), default=None, metavar="N",
+    p.add_argument("--max-orders", type=int_at_least(1), default=None, metavar="N",
                    help="exhaustive: stop after N orders (the report says it stopped)")
     p.add_argument("--profile", default="h200", help="hardware profile for --random (default h200)")
     p.add_argument("--json", metavar="PATH", help="write the JSON report to PATH ('-' for stdout only)")
     p.add_argument("--witness-dir", metavar="DIR", help="write each forcible witness schedule into DIR")
-    p.add_argument("--max-listed", type=_count(1), default=50, metavar="N",
+    p.add_argument("--max-listed", type=int_at_least(1), default=50, metavar="N",
                    help="outcomes listed in the text report (default 50; --json lists all)")
     p.set_defaults(func=run_explore)
     return p

@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from kvrace.argtypes import int_at_least
 from kvrace.sweep_cli import ProgressBar, add_trace_option, check_trace_option, write_run_trace
-from sim.errors import InputError
 
 __all__ = ["add_parser", "format_run", "format_signatures", "export_races"]
 
@@ -194,16 +194,6 @@ def _signatures(args) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    import argparse
-
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {v}")
-    return v
 
 
 #: what `kvrace run --fail-on` can name
@@ -237,7 +227,7 @@ def add_parser(sub, epilog: str) -> None:
     r.add_argument("--seed", type=int, default=None, help="seed (default the scenario's run.seed)")
     r.add_argument("--json", metavar="PATH|-", help="write the metrics as JSON (- for stdout: no table)")
     r.add_argument("--export-races", metavar="DIR", help="write a window schedule around each corrupted read")
-    r.add_argument("--export-limit", type=_positive, default=3, metavar="N", help="how many to export (3)")
+    r.add_argument("--export-limit", type=int_at_least(1), default=3, metavar="N", help="how many to export (3)")
     r.add_argument("--fail-on", default=[], type=_fail_on,
                    help="exit 1 when any of corrupt,race,oob is found (default none: exit 0)")
     r.add_argument("--progress", choices=["auto", "always", "never"], default="auto",
@@ -252,9 +242,9 @@ def add_parser(sub, epilog: str) -> None:
     s.add_argument("--scenario", help="base scenario instead of the matrix's")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every cell")
     s.add_argument("--hypotheses", metavar="A,B,...", help="rows (default every registered hypothesis)")
-    s.add_argument("--trials", type=_positive, default=1, help="seeds per cell (1)")
+    s.add_argument("--trials", type=int_at_least(1), default=1, help="seeds per cell (1)")
     s.add_argument("--seed", type=int, default=0, help="first seed (0)")
-    s.add_argument("--workers", type=_positive, default=None, help="processes (default: every core)")
+    s.add_argument("--workers", type=int_at_least(1), default=None, help="processes (default: every core)")
     s.add_argument("--json", metavar="PATH|-", help="write the table as JSON (- for stdout)")
     s.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
     s.set_defaults(func=_signatures)

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+from kvrace.argtypes import int_at_least
 from sim.errors import InputError
 from sim.report_io import check_output_path
 
@@ -41,16 +42,6 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {v}")
-        return v
-    return parse
 
 
 class ProgressBar:
@@ -262,12 +253,12 @@ def add_parsers(sub, epilog: str) -> None:
     sw.add_argument("--list", action="store_true", help="list the generators and their parameters")
     sw.add_argument("--grid", action="append", metavar="KEY=V1,V2,...",
                     help="values of one parameter (repeatable; the others keep their defaults)")
-    sw.add_argument("--trials", type=_int_at_least(1), default=1000, help="trials per point (default 1000; "
+    sw.add_argument("--trials", type=int_at_least(1), default=1000, help="trials per point (default 1000; "
                     "the most with --until-ci)")
-    sw.add_argument("--seed", type=_int_at_least(0), default=0, help="sweep seed (>= 0, default 0)")
+    sw.add_argument("--seed", type=int_at_least(0), default=0, help="sweep seed (>= 0, default 0)")
     sw.add_argument("--until-ci", type=_positive_float, metavar="W",
                     help="stop a point once its 95 %% interval is narrower than W (checked every 100 trials)")
-    sw.add_argument("--workers", type=_int_at_least(1), default=None,
+    sw.add_argument("--workers", type=int_at_least(1), default=None,
                     help="local processes (default: all cores) or, with --backend ray, the CPUs of the local "
                          "Ray it starts")
     sw.add_argument("--backend", choices=["local", "ray"], default="local",
@@ -295,7 +286,7 @@ def add_parsers(sub, epilog: str) -> None:
                        "marked, record->wait edges", epilog=epilog, formatter_class=fmt)
     pt.add_argument("file", help="schedule file")
     pt.add_argument("--profile", default="h200", help="hardware profile (default h200)")
-    pt.add_argument("--seed", type=_int_at_least(0), default=0, help="seed (>= 0, default 0)")
+    pt.add_argument("--seed", type=int_at_least(0), default=0, help="seed (>= 0, default 0)")
     pt.add_argument("--ties", default="fifo", choices=["fifo", "seeded"], help="same-instant order (default fifo)")
     pt.add_argument("--out", metavar="BASE", help="writes BASE.png and BASE.svg (default FILE_timeline)")
     pt.set_defaults(func=_plot_timeline)
