@@ -20,6 +20,7 @@ from sim.report_io import check_output_path, emit, write_json  # noqa: F401  (em
 from kvrace.sweep_cli import add_parsers, add_trace_option, check_trace_option, write_run_trace
 from kvrace.argtypes import int_at_least
 from kvrace.explore_cli import add_parser as add_explore_parser
+from kvrace.mutate_cli import add_parser as add_mutate_parser
 from kvrace.run_cli import add_parser as add_run_parser
 from kvrace.scenarios_cli import add_scenarios_parser
 
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.set_defaults(func=_profiles)
     add_parsers(sub, EXIT_CODES)
     add_explore_parser(sub, EXIT_CODES)
+    add_mutate_parser(sub, EXIT_CODES)
     add_scenarios_parser(sub, EXIT_CODES)
     return p
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from kvrace.argtypes import int_at_least
 from sim.errors import InputError
 from sim.report_io import check_output_path, write_json
 
@@ -32,16 +33,6 @@ Exit 0 on success (whatever the score).
 """
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {v}")
-        return v
-    return parse
 
 
 def add_parser(sub, epilog: str) -> argparse.ArgumentParser:
@@ -51,17 +42,17 @@ def add_parser(sub, epilog: str) -> argparse.ArgumentParser:
     p = sub.add_parser("mutate", help="remove one synchronisation at a time: is each removal detected?",
                        epilog=MUTATE_EPILOG + epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", metavar="FILE|SCENARIO")
-    p.add_argument("--trials", type=_count(0), default=None, metavar="N",
+    p.add_argument("--trials", type=int_at_least(0), default=None, metavar="N",
                    help="timing runs per mutant (schedule, default 100) or engine seeds (scenario, default 1)")
-    p.add_argument("--max-orders", type=_count(1), default=10_000, metavar="N",
+    p.add_argument("--max-orders", type=int_at_least(1), default=10_000, metavar="N",
                    help="schedule: stop each exhaustive exploration after N orders (default 10000)")
-    p.add_argument("--chunk", type=_count(0), default=DEFAULT_CHUNK_BYTES, metavar="BYTES",
+    p.add_argument("--chunk", type=int_at_least(0), default=DEFAULT_CHUNK_BYTES, metavar="BYTES",
                    help=f"schedule: exploration chunk (default {DEFAULT_CHUNK_BYTES}; 0: whole items)")
-    p.add_argument("--seed", type=_count(0), default=0, help="schedule: first timing seed (default 0)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="schedule: first timing seed (default 0)")
     p.add_argument("--profile", default="h200", help="schedule: hardware profile of the timing runs")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="set",
                    help="scenario: override a key of the base scenario (repeatable)")
-    p.add_argument("--workers", type=_count(1), default=1, metavar="N",
+    p.add_argument("--workers", type=int_at_least(1), default=1, metavar="N",
                    help="scenario: engine runs in N processes (results do not depend on it)")
     p.add_argument("--run-all", action="store_true",
                    help="scenario: also run gate mutants that are equivalent by construction")
