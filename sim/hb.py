@@ -367,7 +367,6 @@ def _expand_group_pairs(g1, g2, members):
         base = cum[k0 - 1] if k0 else 0
         k1 = max(k0 + 1, int(np.searchsorted(cum, base + CHUNK_PAIRS, side="right")))
         c = sn[k0:k1]
-        tot = int(c.sum())
         pair = np.repeat(np.arange(k0, k1), c)
         r = _ranks(c)
         ra, rb = r // ss2[pair], r % ss2[pair]

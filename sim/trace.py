@@ -33,7 +33,6 @@ and the measured one sit one above the other in Perfetto, on one time axis.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -34,7 +34,7 @@ from sim.executor import TieBreak, run_schedule
 from sim.explore.evaluate import Evaluation, Evaluator, key_id, outcome_key
 from sim.explore.model import DEFAULT_CHUNK_BYTES, RaceModel, build_model
 from sim.explore.sampling import pct_bound, pct_order
-from sim.explore.search import linearizations, linearize, orientation_of, traces
+from sim.explore.search import linearizations, linearize, traces
 from sim.explore.witness import _needed_cuts, witness_schedule
 from sim.errors import InputError
 from sim.profile import Profile, load_profile
