@@ -21,7 +21,13 @@ What it does, in order (``import_jit_module``):
    imports notebook and HTTP packages (IPython, pybase64, pydantic).  If that module cannot be
    imported, a module named ``sglang.utils`` is registered holding just ``is_in_ci``, which reads
    ``envs.SGLANG_IS_IN_CI`` from the real ``sglang.srt.environ`` (standard library only), as the
-   original does.  Nothing else is replaced.
+   original does, or, when ``srt`` is not installed either, the environment variable with the
+   same parsing.  ``sglang.jit_kernel.hicache`` imports ``debug_kernel_api`` from
+   ``sglang.kernel_api_logging``; if that cannot be imported, a stand-in whose decorator returns
+   the function unchanged is registered.  Nothing else is replaced.
+4. Where only ``sglang/jit_kernel`` is installed (the package imports, e.g. as a namespace
+   package, but ``sglang.utils`` or ``sglang.kernel_api_logging`` is missing), the package is
+   kept and only those stand-ins are added.
 
 The shim never edits installed files, and it changes ``sys.modules`` only when step 1 failed on
 the top-level import.  ``SHIM_STATE[package]`` records what it did for that package: mode
@@ -68,20 +74,64 @@ def _register_bare_package(package: str) -> types.ModuleType:
     return mod
 
 
+#: the values SGLang's ``EnvBool`` reads as true / false (``srt/environ.py``)
+_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+
+
+def _env_flag(name: str) -> bool:
+    """An ``EnvBool`` flag read from the environment as SGLang reads it (unset or invalid:
+    False, its default for ``SGLANG_IS_IN_CI``)."""
+    import os
+
+    v = os.environ.get(name)
+    return v is not None and v.lower() in _TRUE
+
+
 def _register_utils_stand_in(package: str) -> None:
-    """``<package>.utils`` holding only ``is_in_ci`` (what ``jit_kernel.utils`` imports)."""
-    environ = importlib.import_module(f"{package}.srt.environ")
+    """``<package>.utils`` holding only ``is_in_ci`` (what ``jit_kernel.utils`` imports):
+    read from ``srt.environ`` as the original does, or, where only ``jit_kernel`` is
+    installed, from the environment with ``EnvBool``'s parsing."""
+    try:
+        environ = importlib.import_module(f"{package}.srt.environ")
+        read = environ.envs.SGLANG_IS_IN_CI.get
+    except ImportError:
+        def read() -> bool:
+            return _env_flag("SGLANG_IS_IN_CI")
     utils = types.ModuleType(f"{package}.utils",
                              f"kvrace stand-in: {package}.utils could not be imported; "
-                             "holds only is_in_ci, read from srt.environ as the original does")
+                             "holds only is_in_ci, read as the original does")
 
     def is_in_ci() -> bool:
-        return environ.envs.SGLANG_IS_IN_CI.get()
+        return read()
 
     utils.is_in_ci = is_in_ci
-    sys.modules[utils.__name__] = utils
-    setattr(sys.modules[package], "utils", utils)
-    _state(package)["stand_ins"].append(utils.__name__)
+    _register(package, utils)
+
+
+def _register_logging_stand_in(package: str) -> None:
+    """``<package>.kernel_api_logging`` holding only ``debug_kernel_api``, which ``jit_kernel``
+    modules use as a decorator (``@debug_kernel_api`` or ``@debug_kernel_api(op_name=...)``);
+    the stand-in returns the function unchanged (SGLang's, with its logging off, adds nothing
+    either)."""
+    mod = types.ModuleType(f"{package}.kernel_api_logging",
+                           f"kvrace stand-in: {package}.kernel_api_logging could not be imported; "
+                           "debug_kernel_api returns the function unchanged")
+
+    def debug_kernel_api(func=None, *, op_name=None):
+        return func if func is not None else (lambda f: f)
+
+    mod.debug_kernel_api = debug_kernel_api
+    _register(package, mod)
+
+
+def _register(package: str, mod: types.ModuleType) -> None:
+    sys.modules[mod.__name__] = mod
+    setattr(sys.modules[package], mod.__name__.rsplit(".", 1)[1], mod)
+    _state(package)["stand_ins"].append(mod.__name__)
+
+
+#: the modules of ``<package>`` a ``jit_kernel`` module imports that the shim can stand in for
+_STAND_INS = (("utils", _register_utils_stand_in), ("kernel_api_logging", _register_logging_stand_in))
 
 
 def import_jit_module(name: str, package: str = "sglang") -> types.ModuleType:
@@ -97,21 +147,32 @@ def import_jit_module(name: str, package: str = "sglang") -> types.ModuleType:
         _state(package).update(mode="package", reason="")
         return mod
     except Exception as exc:   # the top-level __init__ may raise anything, not only ImportError
-        if package in sys.modules:
+        standable = {f"{package}.{name}" for name, _ in _STAND_INS}
+        missing = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if package in sys.modules and missing not in standable:
             raise   # the package itself imported: the failure is in the kernels; nothing to shim
-        _state(package)["reason"] = f"import {package} failed: {type(exc).__name__}: {exc}"
-    _drop_modules(package, keep=before)
-    _register_bare_package(package)
+        _state(package)["reason"] = f"import {target} failed: {type(exc).__name__}: {exc}"
+    if package in sys.modules:
+        # NOTE: only jit_kernel is installed (the package imports, e.g. as a namespace package,
+        # but a module the kernels import is missing): keep the package, stand in for the module
+        _drop_modules(package, keep=before | {package})
+        sys.modules[package].__kvrace_bare__ = True
+    else:
+        _drop_modules(package, keep=before)
+        _register_bare_package(package)
     _state(package)["mode"] = "shim"
     return _import_under_bare(target, package)
 
 
 def _import_under_bare(target: str, package: str) -> types.ModuleType:
-    try:
-        importlib.import_module(f"{package}.utils")
-    except ImportError:
-        _drop_modules(f"{package}.utils", keep=set())
-        _register_utils_stand_in(package)
+    for name, stand_in in _STAND_INS:
+        if f"{package}.{name}" in sys.modules:
+            continue
+        try:
+            importlib.import_module(f"{package}.{name}")
+        except ImportError:
+            _drop_modules(f"{package}.{name}", keep=set())
+            stand_in(package)
     try:
         return importlib.import_module(target)
     except Exception as exc:

@@ -34,3 +34,23 @@ def schedule_doc(ops, buffers=None, streams=("s0", "s1", "s2"), events=("e0", "e
 
     return {"kvrace_schedule": 1, "name": "t", "buffers": copy.deepcopy(buffers or base_buffers()),
             "streams": list(streams), "events": list(events), "ops": ops}
+
+
+#: providers a GPU test run must have (comma list, e.g. KVRACE_REQUIRE_PROVIDERS=sglang): a test
+#: that would skip because one of them is unavailable fails instead, so a run that was asked for
+#: SGLang's kernels cannot pass by skipping them
+REQUIRE_PROVIDERS_ENV = "KVRACE_REQUIRE_PROVIDERS"
+
+
+def skip_unavailable_provider(name: str, why: str) -> None:
+    """Skip a test whose provider ``name`` is unavailable (``why``), or fail it when the run
+    requires that provider (``$KVRACE_REQUIRE_PROVIDERS``)."""
+    import os
+
+    import pytest
+
+    required = {p.strip() for p in os.environ.get(REQUIRE_PROVIDERS_ENV, "").split(",") if p.strip()}
+    if name in required:
+        pytest.fail(f"provider {name} is required ({REQUIRE_PROVIDERS_ENV}={os.environ[REQUIRE_PROVIDERS_ENV]}) "
+                    f"but unavailable: {why}")
+    pytest.skip(f"provider {name} unavailable: {why}")

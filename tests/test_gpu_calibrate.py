@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers import skip_unavailable_provider
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="the GPU tests need torch with CUDA")
 if not torch.cuda.is_available():
@@ -30,7 +32,7 @@ SHAPES = [("kernel_per_layer", 100, 1152), ("kernel_per_layer", 70, 576), ("dsa_
 def _available(name):
     ok, why = get_provider(name, require_available=False).available()
     if not ok:
-        pytest.skip(f"provider {name} unavailable: {why}")
+        skip_unavailable_provider(name, why)
 
 
 @pytest.mark.parametrize("provider", ["builtin", "sglang", "torch"])

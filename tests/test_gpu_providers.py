@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers import skip_unavailable_provider
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="the GPU tests need torch with CUDA")
 if not torch.cuda.is_available():
@@ -39,7 +41,7 @@ def provider(request):
     prov = get_provider(request.param, require_available=False)
     ok, why = prov.available()
     if not ok:
-        pytest.skip(f"provider {request.param} unavailable: {why}")
+        skip_unavailable_provider(request.param, why)
     return prov
 
 

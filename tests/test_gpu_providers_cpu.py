@@ -328,7 +328,8 @@ def test_shim_stands_in_for_utils_only_when_it_cannot_import(fake_site, monkeypa
     fake_site("raise RuntimeError('no server here')\n", utils="import pybase64_is_not_installed\n")
     mod = sglang_shim.import_jit_module("hisparse", package="fakesgl")
     assert mod.VALUE == 42
-    assert sglang_shim.SHIM_STATE["fakesgl"]["stand_ins"] == ["fakesgl.utils"]
+    # utils (and kernel_api_logging, which this fake tree does not have either) stood in for
+    assert sglang_shim.SHIM_STATE["fakesgl"]["stand_ins"] == ["fakesgl.utils", "fakesgl.kernel_api_logging"]
     monkeypatch.setenv("SGLANG_IS_IN_CI", "true")
     assert mod.is_in_ci() is True
 
@@ -524,3 +525,54 @@ def test_sglang_views_of_a_page_first_direct_pool_address_the_layouts_rows():
     rows = sk._rows(types.SimpleNamespace(tensor=_StridedBytes(draw)), dp, 1, 32)
     off = int(dev.unit_offsets(1, [7])[0])
     assert np.array_equal(rows[7], draw[off:off + 32])
+
+
+def test_shim_works_with_only_jit_kernel_installed(tmp_path, monkeypatch):
+    """Issue 12, item 4: a tree with ``fakesgl/jit_kernel`` alone (no top-level ``__init__``, no
+    ``utils``, no ``srt``, no ``kernel_api_logging``): the package imports as a namespace package,
+    and the kernels load with the two stand-ins instead of re-raising the missing module."""
+    pkg = tmp_path / "fakesgl"
+    (pkg / "jit_kernel").mkdir(parents=True)
+    (pkg / "jit_kernel" / "__init__.py").write_text("")
+    (pkg / "jit_kernel" / "utils.py").write_text("from fakesgl.utils import is_in_ci\n")
+    (pkg / "jit_kernel" / "hicache.py").write_text(textwrap.dedent("""
+        from fakesgl.jit_kernel.utils import is_in_ci
+        from fakesgl.kernel_api_logging import debug_kernel_api
+
+        @debug_kernel_api
+        def copy(x):
+            return x + 1
+
+        @debug_kernel_api(op_name="named")
+        def named(x):
+            return x * 2
+        """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        mod = sglang_shim.import_jit_module("hicache", package="fakesgl")
+        assert mod.copy(1) == 2 and mod.named(3) == 6
+        st = sglang_shim.SHIM_STATE["fakesgl"]
+        assert st["mode"] == "shim" and sorted(st["stand_ins"]) == ["fakesgl.kernel_api_logging", "fakesgl.utils"]
+        assert "fakesgl.utils" in st["reason"]
+        monkeypatch.setenv("SGLANG_IS_IN_CI", "yes")
+        assert mod.is_in_ci() is True
+        monkeypatch.setenv("SGLANG_IS_IN_CI", "0")
+        assert mod.is_in_ci() is False
+        assert sglang_shim.import_jit_module("hicache", package="fakesgl") is mod
+    finally:
+        for k in [k for k in sys.modules if k == "fakesgl" or k.startswith("fakesgl.")]:
+            del sys.modules[k]
+        sglang_shim.SHIM_STATE.pop("fakesgl", None)
+
+
+def test_a_required_provider_that_is_unavailable_fails_instead_of_skipping(monkeypatch):
+    from tests.helpers import skip_unavailable_provider
+
+    monkeypatch.delenv("KVRACE_REQUIRE_PROVIDERS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="provider sglang unavailable: no kernels"):
+        skip_unavailable_provider("sglang", "no kernels")
+    monkeypatch.setenv("KVRACE_REQUIRE_PROVIDERS", "torch, sglang")
+    with pytest.raises(pytest.fail.Exception, match="provider sglang is required .* unavailable: no kernels"):
+        skip_unavailable_provider("sglang", "no kernels")
+    with pytest.raises(pytest.skip.Exception):
+        skip_unavailable_provider("builtin", "no nvrtc")

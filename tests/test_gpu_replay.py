@@ -16,6 +16,8 @@ import glob
 import numpy as np
 import pytest
 
+from tests.helpers import skip_unavailable_provider
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="the GPU tests need torch with CUDA")
 if not torch.cuda.is_available():
@@ -67,7 +69,7 @@ def _check_controlled(rep):
 def test_controlled_replay_of_every_example(providers, name, path):
     prov = providers[name]
     if isinstance(prov, str):
-        pytest.skip(f"provider {name} unavailable: {prov}")
+        skip_unavailable_provider(name, prov)
     s = load(path)
     why = unsupported(s, prov)
     if why:
@@ -127,7 +129,7 @@ def test_generated_schedules_ran_on_every_available_provider(providers):
 def test_free_replay_of_the_minimal_race_is_plausible(providers, name):
     prov = providers[name]
     if isinstance(prov, str):
-        pytest.skip(f"provider {name} unavailable: {prov}")
+        skip_unavailable_provider(name, prov)
     s = load("examples/index_k_ungated_race.json")
     why = unsupported(s, prov)
     if why:
