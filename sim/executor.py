@@ -308,6 +308,7 @@ class Executor:
         self._prune_where = builder is not None             # a static schedule keeps every index
         self._n_wait = 0
         self.pending: dict[int, simpy.Event] = {}    # host op index -> event its host must yield
+        self._issue_waiters: dict[int, simpy.Event] = {}   # stream op index -> fires when it is issued
         self._host_busy: dict[int, Any] = {}         # host ops not finished
         self.barriers: dict[str, list] = {}          # barrier instance -> [participants left, event]
         self.clipped: dict[str, Clipped] = {}        # copies issued, not started
@@ -368,6 +369,19 @@ class Executor:
         """A host_query's outcome: its bound record has completed (no record: True, as CUDA)."""
         return record_index is None or self._is_done(record_index)
 
+    def unissued_dependencies(self, op) -> list[int]:
+        """Stream ops a static op is bound to (a wait's record, a sync's or query's targets) that
+        no host has issued yet."""
+        deps = (op.bound_record,) if op.op == "wait" and op.bound_record is not None else op.sync_targets
+        return [i for i in deps if i not in self._where]
+
+    def issued_event(self, index: int) -> simpy.Event:
+        """An event that fires when stream op ``index`` is issued."""
+        ev = self._issue_waiters.get(index)
+        if ev is None:
+            ev = self._issue_waiters[index] = self.env.event()
+        return ev
+
     def pending_event(self, op) -> simpy.Event:
         return self.pending.pop(op.index)
 
@@ -389,6 +403,10 @@ class Executor:
                 self._bound[op.index] = self._where[op.bound_record]     # named now, waited for later
             k = self._issued_on[op.stream] = self._issued_on[op.stream] + 1
             self._where[op.index] = (op.stream, k)
+            if self._issue_waiters:
+                waiter = self._issue_waiters.pop(op.index, None)
+                if waiter is not None:
+                    waiter.succeed()
             if self._prune_where and len(self._where) > WHERE_PRUNE + 2 * len(self._issued_on):
                 self._forget_where()
             self.queues[op.stream].put(op)
@@ -675,10 +693,18 @@ class Executor:
 
 
 def _static_program(ops: list) -> HostProgram:
-    """The host program of a static schedule: issue this host's ops in list order."""
+    """The host program of a static schedule: issue this host's ops in list order.
+
+    NOTE: an op bound to another host's record (a wait, or a sync's or query's target) listed
+    before it is not issued before that record is: the list says the record was issued first,
+    and a wait issued earlier would bind to nothing in CUDA. The host blocks until then (only a
+    hand-written or generated schedule can ask for it: a run's recorded schedule lists ops in
+    the order they were issued)."""
     def program(host: Host):
         ex = host._ex
         for op in ops:
+            for dep in ex.unissued_dependencies(op):
+                yield ex.issued_event(dep)
             ex.issue(op)
             if op.index in ex.pending:
                 yield ex.pending_event(op)

@@ -408,11 +408,10 @@ def test_a_written_failure_reproduces_deep(pair, tmp_path_factory):
     _check_written_failure(pair, tmp_path_factory.mktemp("wf"))
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="sim.executor: in a static schedule with several hosts, an op bound to a record another "
-                          "host issues earlier in the list fails when that host has not issued it yet at run time "
-                          "(Executor.issue reads _where[bound_record]); found by sim.testing.schedules")
 def test_static_wait_on_an_earlier_record_of_a_delayed_host():
+    """Found by sim.testing.schedules: a wait bound to another host's record listed before it,
+    where that host is delayed. The waiting host is not issued before the record (the list says
+    the record came first), so the wait binds to it and the read follows the record."""
     from sim.executor import run_schedule
     from sim.profile import load_profile
     from sim.testing import kv_buffers
@@ -422,5 +421,7 @@ def test_static_wait_on_an_earlier_record_of_a_delayed_host():
                {"op": "host_delay", "host": "A", "duration_us": 10},
                {"op": "record", "host": "A", "stream": "s0", "event": "e"},
                {"op": "wait", "host": "B", "stream": "s1", "event": "e"},
-               {"op": "read", "host": "B", "stream": "s1", "buffer": "D", "layer": 0, "units": [0]}]}
-    run_schedule(validate(doc), load_profile("h200"))
+               {"op": "read", "host": "B", "stream": "s1", "buffer": "D", "layer": 0, "units": [0], "id": "r"}]}
+    run = run_schedule(validate(doc), load_profile("h200"))
+    read = next(r for r in run.reads if r.op_id == "r")
+    assert read.time_us >= 10.0
