@@ -8,13 +8,15 @@ read to the requests whose entries hold the differing bytes.
 
 One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, reduced):
 
-1. ``check_hicache_events()``: poll the backup and load acks, unlock, free;
-2. batch formation: waiting requests whose arrival time has come, in arrival order, while the
-   batch's new tokens fit ``scheduler.chunked_prefill_size`` (a request larger than that goes
-   alone: chunked-prefill splitting is NOT modelled in this slice) and the device pool
-   (``evict`` when short); per request: ``match_prefix``, on a host hit ``init_load_back``,
-   ``inc_lock_ref`` of its last node (as SGLang's ``PrefillAdder`` locks it), the new tokens'
-   slots (whole pages: the paged allocator's unit);
+1. ``check_hicache_events()``: poll the backup and load acks, unlock, free (HiCache on);
+   PD: bring the decode engine up to now;
+2. batch formation: the chunked request in progress first, then waiting requests whose arrival
+   time has come, in arrival order, while the batch's new tokens fit
+   ``scheduler.chunked_prefill_size`` (one request at a time may be chunked: a page-aligned
+   chunk now, the rest in later batches) and the device pool (``evict`` when short); per
+   request: ``match_prefix``, on a host hit ``init_load_back``, ``inc_lock_ref`` of its last
+   node (as SGLang's ``PrefillAdder`` locks it), the new tokens' slots (whole pages: the paged
+   allocator's unit);
 3. ``ready_to_load_host_cache()`` once per batch: the producer slot is the batch's consumer
    index (-1 when nothing was loaded);
 4. the new tokens' KV written on the forward stream (``store_kv``, no wait: the fallback
@@ -28,8 +30,10 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    prefill batch can be formed.  The turn completes in the :class:`WorkloadDriver` at its last
    output token.
 
-When nothing is admissible the scheduler idles a short host delay (or until the next arrival)
-and polls again.  The run ends when the driver has nothing in flight.
+When nothing is admissible (and, colocated, nothing decodes) the scheduler idles a short host
+delay (or until the next arrival or decode event) and polls again.  The run ends when the driver
+has nothing in flight.  The run's reads are then judged twice: by the race verdict
+(:func:`sim.verdicts.analyse`) and by the KV oracle (:mod:`sim.engine.oracle`).
 """
 from __future__ import annotations
 
