@@ -36,14 +36,17 @@ JSON shape (``kvrace_schedule`` is the format version; 1 still loads: one host):
      "events": ["e0", ...],
      "ops": [{"op": "copy", "stream", "routine", "src", "dst", "args": {...}},
              {"op": "read"|"write", "stream", "buffer", "layer", "units"|"tokens"|"ranges", ...},
-             {"op": "compute", "stream", "duration_us"},
+             {"op": "compute", "stream", "duration_us", "jitter": true|false},
              {"op": "record"|"wait", "stream", "event"},
              {"op": "host_sync", "event"|"stream"|nothing (= device synchronize)},
              {"op": "host_delay", "duration_us"},
              {"op": "host_query", "event", "outcome": true|false},
              {"op": "barrier", "barrier": "tp_step_3", "hosts": ["rank0", "rank1"]}]}
 
-Every op may carry an ``id`` (default ``op<index>``) and a ``host``.
+Every op may carry an ``id`` (default ``op<index>``) and a ``host``.  A ``compute`` op's
+``jitter`` (default true) lets the executor multiply its duration by the profile's seeded
+jitter; false takes the duration as given (the engine's forward issues its compute ops
+already jittered by the cost model, so a one-step forward lasts exactly its layers' sum).
 :class:`ScheduleBuilder` validates a header and then one op at a time, in
 issue order (the online executor's ``Host.issue`` uses it); ``validate`` runs
 it over a whole document.  Every problem is an

@@ -170,3 +170,28 @@ def test_compact_only_gives_the_same_report():
     a = analyse(run(_race_ops(0.0)))
     b = analyse(run(_race_ops(0.0), materialise=False))
     assert a == b
+
+
+def test_compute_jitter_false_takes_the_duration_as_given():
+    """A compute op issued pre-jittered (``"jitter": false``) lasts exactly its duration and
+    draws nothing from the executor's RNG (the jittered ops' draws do not depend on it)."""
+    from sim.executor import run_schedule
+    from sim.profile import load_profile
+    from sim.schedule import validate
+
+    def doc(first_jitter):
+        return {"kvrace_schedule": 2, "name": "j", "buffers": [], "streams": ["s", "t"], "events": [],
+                "ops": [{"op": "compute", "stream": "s", "duration_us": 100.0, "jitter": first_jitter, "id": "a"},
+                        {"op": "compute", "stream": "t", "duration_us": 100.0, "id": "b"}]}
+    p = load_profile("h200")
+    assert p.jitter_frac > 0
+    r = run_schedule(validate(doc(False)), p, seed=3)
+    t0, t1 = r.timings["a"]
+    assert t1 - t0 == 100.0
+    r2 = run_schedule(validate(doc(True)), p, seed=3)
+    assert r2.timings["a"][1] - r2.timings["a"][0] != 100.0
+    # no draw: b's jitter is the one it gets in a run without op a at all
+    alone = validate({**doc(False), "ops": doc(False)["ops"][1:]})
+    assert run_schedule(alone, p, seed=3).timings["b"] == r.timings["b"] != (0.0, 100.0)
+    with pytest.raises(Exception, match="jitter"):
+        validate({**doc(False), "ops": [{"op": "compute", "stream": "s", "duration_us": 1, "jitter": 1}]})
