@@ -203,10 +203,10 @@ def _merge(starts, lengths):
                 out_s.append(s)
                 out_e.append(e)
         return np.array(out_s, np.int64), np.array(out_e, np.int64)
-    return _merge_intervals(starts, ends)
+    return merge_intervals(starts, ends)
 
 
-def _merge_intervals(starts, ends):
+def merge_intervals(starts, ends):
     """Union of intervals ``[starts, ends)``: sorted, disjoint, touching runs merged."""
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     keep = ends > starts
@@ -269,7 +269,7 @@ def _subtract(starts, ends, cut_starts, cut_ends):
     comp_e = np.r_[cut_starts, hi]
     keep = comp_e > comp_s
     s, e, _ = _intersect_sets(starts, ends, comp_s[keep], comp_e[keep])
-    return _merge_intervals(s, e)
+    return merge_intervals(s, e)
 
 
 @dataclass
@@ -540,7 +540,7 @@ def _race_entries(buf, accs, op_a, op_b, all_ranges: bool) -> list[dict]:
                     pieces_s.append(s)
                     pieces_e.append(e)
                     first = first or (x, y)
-        s, e = _merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
+        s, e = merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
         n = None if all_ranges else MAX_RACE_RANGES
         out.append({"buffer": buf, "a": first[0], "b": first[1], "ops": (a_op, b_op),
                     "starts": s[:n], "ends": e[:n], "n_ranges": int(s.size),
@@ -628,7 +628,7 @@ def double_written(dst, end, item) -> DoubleWritten:
     if not multi.any():
         return none
     ps, pe = x[:-1][multi], x[1:][multi]           # elementary pieces: one writer set each
-    rs, re_ = _merge_intervals(ps, pe)
+    rs, re_ = merge_intervals(ps, pe)
     return DoubleWritten(rs, re_, _items_per_range(s, e, it, rs, re_),
                          ps, pe, _items_per_range(s, e, it, ps, pe))
 
@@ -675,13 +675,13 @@ def indeterminate_read_bytes(schedule: Schedule, intra: list[dict] | None = None
             ps, pe, pi = _intersect_sets(c.src, c.src + c.copy_len, ss, se)
             moved_s, moved_e = ps + (c.dst - c.src)[pi], pe + (c.dst - c.src)[pi]
             ds, de = state.get(op.dst, (z, z))
-            ws, we = _merge_intervals(c.dst, c.dst + c.fill_end)
+            ws, we = merge_intervals(c.dst, c.dst + c.fill_end)
             ds, de = _subtract(ds, de, ws, we)
             add_s, add_e = [ds, moved_s], [de, moved_e]
             if op.index in racy:
                 add_s.append(racy[op.index]["starts"])
                 add_e.append(racy[op.index]["ends"])
-            state[op.dst] = _merge_intervals(np.concatenate(add_s), np.concatenate(add_e))
+            state[op.dst] = merge_intervals(np.concatenate(add_s), np.concatenate(add_e))
         elif op.op == "write" and op.buffer in state:
             ws, we = _merge(*op.extents)
             state[op.buffer] = _subtract(*state[op.buffer], ws, we)
@@ -689,7 +689,7 @@ def indeterminate_read_bytes(schedule: Schedule, intra: list[dict] | None = None
             rs, re_ = _merge(*op.extents)
             s, e, _ = _intersect_sets(rs, re_, *state[op.buffer])
             if s.size:
-                out[op.index] = _merge_intervals(s, e)
+                out[op.index] = merge_intervals(s, e)
     return out
 
 
@@ -972,9 +972,10 @@ class RaceTracker:
         if len(pieces_s) == 1 and pieces_s[0].size == 1:    # one interval: merged already
             s, e = pieces_s[0], pieces_e[0]
         else:
-            s, e = _merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
+            s, e = merge_intervals(np.concatenate(pieces_s), np.concatenate(pieces_e))
+        n = None if self.limit is None else MAX_RACE_RANGES     # as race_scan: limit None lists every range
         entry = {"buffer": buf, "ops": (a, b), "writes": (first[0][1], first[1][1]),
-                 "starts": s[:MAX_RACE_RANGES], "ends": e[:MAX_RACE_RANGES], "n_ranges": int(s.size),
+                 "starts": s[:n], "ends": e[:n], "n_ranges": int(s.size),
                  "bytes": int((e - s).sum())}
         if self.describe is not None:
             entry = self.describe(entry, self.info.get(a), self.info.get(b))

@@ -44,7 +44,7 @@ import numpy as np
 from sim.bytes.describe import describe
 from sim.errors import InputError
 from sim.executor import ReadCapture, RunResult, run_reference
-from sim.hb import (RACE_LIMIT, HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, _merge_intervals,
+from sim.hb import (RACE_LIMIT, HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, merge_intervals,
                     _subtract, accesses, double_written, indeterminate_read_bytes, intra_launch_races,
                     race_scan)
 from sim.memory import Memory, clip_and_leaves as _clip_and_leaves, clip_extents, oob_origin
@@ -598,7 +598,7 @@ class OnlineVerdicts:
             ind = None
             if op.buffer in self._indet:
                 s, e, _ = _intersect_sets(rs, re_, *self._indet[op.buffer])
-                ind = _merge_intervals(s, e) if s.size else None
+                ind = merge_intervals(s, e) if s.size else None
             self._expected[op.index] = ([self.ref.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)],
                                         ind)
             accs = [(op.buffer, False, rs, re_)]
@@ -626,13 +626,13 @@ class OnlineVerdicts:
             ps, pe, pi = _intersect_sets(c.src, c.src + c.copy_len, ss, se)
             moved_s, moved_e = ps + (c.dst - c.src)[pi], pe + (c.dst - c.src)[pi]
             ds, de = self._indet.get(op.dst, (z, z))
-            ws, we = _merge_intervals(c.dst, c.dst + c.fill_end)
+            ws, we = merge_intervals(c.dst, c.dst + c.fill_end)
             ds, de = _subtract(ds, de, ws, we)
             add_s, add_e = [ds, moved_s], [de, moved_e]
             if dw is not None:
                 add_s.append(dw.starts)
                 add_e.append(dw.ends)
-            merged = _merge_intervals(np.concatenate(add_s), np.concatenate(add_e))
+            merged = merge_intervals(np.concatenate(add_s), np.concatenate(add_e))
             if merged[0].size:
                 self._indet[op.dst] = merged
             else:

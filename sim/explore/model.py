@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.errors import InputError
-from sim.hb import HappensBefore, latent_races
+from sim.hb import HappensBefore, latent_races, merge_intervals
 from sim.memory import Clipped, clip_extents
 from sim.schedule import Schedule
 
@@ -120,19 +120,6 @@ class RaceModel:
         return d
 
 
-def _merge(starts, ends):
-    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if starts.size == 0:
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    run_end = np.maximum.accumulate(ends)
-    new = np.r_[True, starts[1:] > run_end[:-1]]
-    idx = np.flatnonzero(new)
-    return starts[idx], np.maximum.reduceat(run_end, idx)
-
 
 def _overlap(a_s, a_e, b_s, b_e) -> bool:
     """Do two merged interval sets share a byte?"""
@@ -153,8 +140,8 @@ def conflict(acc_a: list, acc_b: list) -> bool:
 
 
 def _copy_access(op, c: Clipped) -> list:
-    return [(op.src, False, *_merge(c.src, c.src + np.minimum(c.length, c.fill_start))),
-            (op.dst, True, *_merge(c.dst, c.dst + c.fill_end))]
+    return [(op.src, False, *merge_intervals(c.src, c.src + np.minimum(c.length, c.fill_start))),
+            (op.dst, True, *merge_intervals(c.dst, c.dst + c.fill_end))]
 
 
 def _op_access(s: Schedule, op) -> tuple[list, Clipped | None]:
@@ -164,7 +151,7 @@ def _op_access(s: Schedule, op) -> tuple[list, Clipped | None]:
         return _copy_access(op, c), c
     offs, lens = op.extents
     offs = np.asarray(offs, np.int64)
-    return [(op.buffer, op.op == "write", *_merge(offs, offs + np.asarray(lens, np.int64)))], None
+    return [(op.buffer, op.op == "write", *merge_intervals(offs, offs + np.asarray(lens, np.int64)))], None
 
 
 def _sub_clipped(c: Clipped, idx: np.ndarray, a: np.ndarray, b: np.ndarray) -> Clipped:
