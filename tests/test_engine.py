@@ -244,6 +244,9 @@ def test_run_layers_key_cuts_the_model():
     assert e.model.n_layers == 3
     with pytest.raises(InputError, match="run.layers"):
         PrefillEngine(load_scenario("glm5-22811-small", ["run.layers=99"]), 0)
+    # DeepSeek V4 needs its first C4 layer (layer 2): the error names the user's key
+    with pytest.raises(InputError, match=r"^run\.layers: expected an integer in 3\.\.43"):
+        PrefillEngine(load_scenario("incident-repro", ["run.layers=2"]), 0)
 
 
 def test_chunked_prefill_splits_a_long_request_over_batches():

@@ -212,13 +212,12 @@ class PrefillEngine:
             raise InputError("model.index_k_dtype" if sc.model.index_k_dtype != "fp8" else "variant.hypotheses",
                              f"expected an fp8, page-aligned index-K for {fam.name} (the bf16 index-K and the C4 "
                              f"token copy are DeepSeek V4's), got {sc.model.index_k_dtype}, {cfg.index_k_partial_pages}")
-        self.session = CacheSession(
-            model=smodel, layers=self.model.n_layers, page_size=sc.hicache.page_size,
-            device_tokens=tokens_, hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb),
-            layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
-            load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
-            load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, **switches)
+        try:
+            self.session = self._session(sc, smodel, tokens_, materialise, switches)
+        except InputError as e:
+            if e.where == "config.layers":     # the user's key is run.layers (or the layers argument)
+                raise InputError("run.layers", e.message) from None
+            raise
         s = self.session
         self.page = s.config.page_size
         profile = load_profile(sc.deployment.profile)
@@ -256,6 +255,16 @@ class PrefillEngine:
         self.completed: list[int] = []
 
     # ---------------------------------------------------------------- one request
+    def _session(self, sc, smodel: str, device_tokens: int, materialise: bool, switches: dict) -> CacheSession:
+        cfg = self.config
+        return CacheSession(
+            model=smodel, layers=self.model.n_layers, page_size=sc.hicache.page_size,
+            device_tokens=device_tokens, hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb),
+            layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
+            load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
+            load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
+            seed=self.seed, materialise=materialise, **switches)
+
     def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
         it does not fit the chunk budget (and may not be chunked) or the device pool now.
