@@ -59,3 +59,11 @@ def test_a_pool_never_backed_up_is_wrong_kv_without_any_race():
     assert {c["status"] for c in r.corrupted_reads} == {"wrong-kv"}
     assert {c["role"] for c in r.corrupted_reads} == {"index_k"}
     assert "index_k" not in r.branches
+
+
+def test_packed_and_row_wise_dedup_agree(dsa_runs, monkeypatch):
+    monkeypatch.setattr(KVOracle, "PACK_LIMIT", 0)          # force the row-wise path
+    r = PrefillEngine(load_scenario("glm5-22811-small", ["run.layers=2", "variant.gate_map=upstream-0.5.10"]), 0).run()
+    packed = dsa_runs["upstream-0.5.10"]
+    assert r.requests_wrong_kv == packed.requests_wrong_kv > 0
+    assert [c["wrong_kv_requests"] for c in r.corrupted_reads] == [c["wrong_kv_requests"] for c in packed.corrupted_reads]
