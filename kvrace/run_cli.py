@@ -20,6 +20,7 @@ from types import SimpleNamespace
 
 from kvrace.argtypes import int_at_least
 from kvrace.sweep_cli import ProgressBar, add_trace_option, check_trace_option, write_run_trace
+from sim.report_io import check_output_path, emit
 
 __all__ = ["add_parser", "format_run", "format_signatures", "export_races"]
 
@@ -106,19 +107,12 @@ def export_races(engine, result, directory, limit: int = 3) -> list[Path]:
     return paths
 
 
-def _write_json(doc: dict, dest: str) -> None:
-    text = json.dumps(doc, indent=2, sort_keys=False) + "\n"
-    if dest == "-":
-        sys.stdout.write(text)
-    else:
-        Path(dest).write_text(text)
-
-
 def _run(args) -> int:
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
 
     check_trace_option(args)
+    check_output_path(args.json, "--json")          # output paths are checked before the run
     sc = load_scenario(args.scenario, args.set)
     engine = PrefillEngine(sc, args.seed)
     bar = _SimTimeBar(sc.run.duration_s * 1e6, force=args.progress == "always") if args.progress != "never" else None
@@ -133,10 +127,8 @@ def _run(args) -> int:
     if args.export_races:
         paths = export_races(engine, result, args.export_races, args.export_limit)
         doc["exported_races"] = [str(p) for p in paths]
-    if args.json:
-        _write_json(doc, args.json)
+    emit(doc, args.json, lambda _: format_run(d))
     if args.json != "-":
-        print(format_run(d))
         for p in doc.get("exported_races", []):
             print(f"exported: {p}  (kvrace schedule run {p}; kvrace replay {p})")
     kinds = {"corrupt": d["requests_corrupted"], "race": d["latent_races"], "oob": d["oob_writes"]}
@@ -179,6 +171,7 @@ def _signatures(args) -> int:
             sys.stderr.write(f"\rruns {done}/{total}\x1b[K")
             sys.stderr.flush()
 
+    check_output_path(args.json, "--json")
     hyps = [h.strip() for h in args.hypotheses.split(",")] if args.hypotheses else None
     try:
         t = run_signatures(args.matrix, scenario=args.scenario, overrides=args.set, hypotheses=hyps,
@@ -186,11 +179,7 @@ def _signatures(args) -> int:
     finally:
         if show:
             sys.stderr.write("\n")
-    d = t.to_dict()
-    if args.json:
-        _write_json(d, args.json)
-    if args.json != "-":
-        print(format_signatures(d))
+    emit(t.to_dict(), args.json, format_signatures)
     return 0
 
 

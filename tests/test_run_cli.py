@@ -50,6 +50,8 @@ def test_summary_table_and_clean_exit(capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["run", "glm5-22811-small", "--set", "workload.bogus=1"], "workload"),
     (["run", "no-such-scenario"], "no-such-scenario"),
+    (["run", "glm5-22811-small", "--json", "/nonexistent-dir/x.json"], "--json"),
+    (["signatures", "--json", "/nonexistent-dir/x.json"], "--json"),
 ])
 def test_bad_input_exit_2(argv, needle, capsys):
     assert main(argv + ["--progress", "never"]) == 2
