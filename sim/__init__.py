@@ -12,6 +12,8 @@ command line).  The public API is ``__all__``::
 
     session = sim.CacheSession(sim.SessionConfig(model="dsa", page_size=64))   # the HiCache model
     session.cache.insert(...)                                                   # SGLang's names
+    r = sim.run_prefill_engine("incident-repro")       # the engine (kvrace run), an EngineResult
+    sim.Explorer(s).exhaustive()                       # every outcome of a schedule (kvrace explore)
 
 Every exception kvrace raises on purpose is a ``sim.KvraceError`` (bad input is its subclass
 ``sim.InputError``).  The names load their modules on first use, so ``import sim`` (and
@@ -44,6 +46,14 @@ _HOME = {
     "SessionConfig": "sim.cache.session",
     "HiRadixCache": "sim.cache.hiradix",
     "HiCacheController": "sim.cache.controller",
+    # the engine, its scenarios and the signature table
+    "load_scenario": "sim.engine.scenario",
+    "PrefillEngine": "sim.engine.engine",
+    "run_prefill_engine": "sim.engine.engine",
+    "EngineResult": "sim.engine.engine",
+    "run_signatures": "sim.engine.signatures",
+    # every interleaving of a schedule
+    "Explorer": "sim.explore",
     # verdicts and outputs
     "analyse": "sim.verdicts",
     "summary_text": "sim.verdicts",

@@ -96,7 +96,10 @@ PUBLIC = {"load": "sim.schedule", "validate": "sim.schedule", "Schedule": "sim.s
           "Profile": "sim.profile", "KvraceError": "sim.errors", "InputError": "sim.errors",
           "ReplayError": "sim.replay", "cut_window": "sim.window", "CacheSession": "sim.cache.session",
           "SessionConfig": "sim.cache.session", "HiRadixCache": "sim.cache.hiradix",
-          "HiCacheController": "sim.cache.controller"}
+          "HiCacheController": "sim.cache.controller",
+          "load_scenario": "sim.engine.scenario", "PrefillEngine": "sim.engine.engine",
+          "run_prefill_engine": "sim.engine.engine", "EngineResult": "sim.engine.engine",
+          "run_signatures": "sim.engine.signatures", "Explorer": "sim.explore"}
 
 
 def test_all_is_the_curated_api_and_each_name_is_its_modules_object():
