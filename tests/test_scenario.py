@@ -161,6 +161,17 @@ def test_round_trip_and_digest():
     assert len({load_scenario(n).digest() for n in shipped_scenarios()}) == len(shipped_scenarios())
 
 
+def test_round_trip_of_strings_toml_needs_escaped():
+    """Quotes, backslashes, control characters, DEL and characters beyond the BMP (which ASCII
+    JSON would write as a surrogate pair TOML refuses) survive to_toml -> TOML -> scenario."""
+    text = 'say "hi" \\ tab\there\nnew \x01 del\x7f é 😀'
+    s = load_scenario("glm5-22811-small", [f"description={text}"])
+    back = scenario_from_dict(tomllib.loads(s.to_toml()))
+    assert back.description == text and back == s
+    with pytest.raises(InputError, match="surrogate"):
+        load_scenario("glm5-22811-small", ["description=bad \ud800"]).to_toml()
+
+
 def test_digest_is_stable_across_processes():
     code = "from sim.engine.scenario import load_scenario; print(load_scenario('incident').digest())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,

@@ -281,7 +281,13 @@ def _toml_value(v) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        return json.dumps(v)          # a JSON string is a TOML basic string (\uXXXX escapes included)
+        # NOTE: JSON's escapes (\" \\ \b \t \n \f \r \uXXXX) are TOML's; but a character beyond
+        # the BMP becomes a \uD83D\uDE00 surrogate pair in ASCII JSON, which TOML refuses, so
+        # non-ASCII stays literal (UTF-8), and DEL, which JSON leaves bare and TOML must have
+        # escaped, is escaped by hand
+        if any("\ud800" <= c <= "\udfff" for c in v):
+            raise InputError("scenario", f"cannot write {show(v)} as TOML: it holds a lone surrogate")
+        return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     raise InputError("scenario", f"cannot write {show(v)} as TOML")
