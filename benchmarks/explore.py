@@ -32,6 +32,8 @@ from sim.explore import Explorer
 from sim.schedule import validate
 from sim.window import cut_window
 
+from provenance import command, git_commit  # benchmarks/, the script's own folder
+
 PAGE = 64
 PAGES = 2                  # pages per request
 OUT = Path(__file__).with_name("results") / "explore.json"
@@ -114,7 +116,8 @@ def main(argv: list[str]) -> int:
                  "complete": brute.complete, "outcomes": len(brute.outcomes),
                  "explore_s": round(brute.elapsed_s, 3), "orders_per_s": round(_rate(brute), 1),
                  "outcomes_found_of_all": f"{len(brute.outcomes)}/{len(red.outcomes)}"})
-    rep = {"benchmark": "explore", "python": platform.python_version(), "machine": platform.machine(),
+    rep = {"benchmark": "explore", "command": command(), "commit": git_commit(),
+           "python": platform.python_version(), "machine": platform.machine(),
            "window": {"name": s.name, "ops": len(s.ops), "pages_per_request": PAGES, "layers": 2,
                       "requests": 2, "generate_s": round(gen_s, 3)},
            "rows": rows}

@@ -23,7 +23,6 @@ import os
 import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,6 +30,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from provenance import git_commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 GRID = {"bytes_per_token": [64, 128, 132, 256, 512, 1024, 2048, 4096], "compute_us": [3.0, 10.0, 20.0, 30.0],
         "launch_jitter_us": [5.0]}
@@ -90,12 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the measurements as JSON to this path")
     args = ap.parse_args(argv)
     base = args.out or tempfile.mkdtemp(prefix="sweep_scale_")
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
-    except OSError:
-        commit = "?"
-    info = {"commit": commit, "python": platform.python_version(), "cpus": os.cpu_count(),
+    info = {"commit": git_commit(), "python": platform.python_version(), "cpus": os.cpu_count(),
             "machine": platform.machine(), "grid": GRID, "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                      time.gmtime())}
     print(json.dumps(info), flush=True)

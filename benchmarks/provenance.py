@@ -1,0 +1,29 @@
+"""What a benchmark's result file says about where it came from: the commit, and whether the
+tree had uncommitted changes (a result from a tree that is not a commit cannot be reproduced)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def git_commit() -> str:
+    """``git rev-parse --short HEAD``, with ``+uncommitted`` when tracked files differ from it;
+    ``?`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + ("+uncommitted" if dirty else "")
+
+
+def command() -> str:
+    """The command line that is running, as typed from the repository root."""
+    return "python " + " ".join([str(Path(sys.argv[0]).resolve().relative_to(ROOT))
+                                 if Path(sys.argv[0]).resolve().is_relative_to(ROOT) else sys.argv[0],
+                                 *sys.argv[1:]])
