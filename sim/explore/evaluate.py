@@ -86,14 +86,7 @@ class Evaluator:
         # ... and an op writing such a buffer that no copy into an order-dependent buffer reads
         # (directly or through other copies) changes nothing an order is judged by: after the
         # prefix it is not applied again
-        needed = set(self.tainted)           # and every buffer a copy into a needed one reads
-        grew = True
-        while grew:
-            grew = False
-            for op in s.ops:
-                if op.op == "copy" and op.dst in needed and op.src not in needed:
-                    needed.add(op.src)
-                    grew = True
+        needed = _copy_closure(s, self.tainted, upstream=True)   # and every buffer feeding a needed one
         dead = set(s.buffers) - needed
         self._skip = {n.id for n in model.nodes
                       if (s.ops[n.op].dst if s.ops[n.op].op == "copy" else
@@ -194,12 +187,20 @@ def _tainted(model: RaceModel) -> set[str]:
             out.add(op.dst)
         elif op.op == "write":
             out.add(op.buffer)
+    return _copy_closure(s, out, upstream=False)
+
+
+def _copy_closure(s, start, *, upstream: bool) -> set[str]:
+    """``start`` closed over the schedule's copies: every buffer a chain of copies carries bytes
+    from into ``start`` (``upstream``), or from ``start`` into (downstream)."""
+    out = set(start)
+    edges = [(op.dst, op.src) if upstream else (op.src, op.dst) for op in s.ops if op.op == "copy"]
     grew = True
     while grew:
         grew = False
-        for op in s.ops:
-            if op.op == "copy" and op.src in out and op.dst not in out:
-                out.add(op.dst)
+        for a, b in edges:
+            if a in out and b not in out:
+                out.add(b)
                 grew = True
     return out
 
