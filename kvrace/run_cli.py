@@ -116,6 +116,7 @@ def _run(args) -> int:
     sc = load_scenario(args.scenario, args.set)
     engine = PrefillEngine(sc, args.seed)
     bar = _SimTimeBar(sc.run.duration_s * 1e6, force=args.progress == "always") if args.progress != "never" else None
+    bar = bar if bar is not None and bar.enabled else None     # not a terminal: no per-iteration callback
     try:
         result = engine.run(progress=bar.update if bar else None)
     finally:

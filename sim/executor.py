@@ -692,19 +692,21 @@ class Executor:
                                       s[m] + (a[m] - d[m]) - c.src_nbytes)
 
 
-def _static_program(ops: list) -> HostProgram:
+def _static_program(ops: list, other_hosts: bool = True) -> HostProgram:
     """The host program of a static schedule: issue this host's ops in list order.
 
     NOTE: an op bound to another host's record (a wait, or a sync's or query's target) listed
     before it is not issued before that record is: the list says the record was issued first,
     and a wait issued earlier would bind to nothing in CUDA. The host blocks until then (only a
     hand-written or generated schedule can ask for it: a run's recorded schedule lists ops in
-    the order they were issued)."""
+    the order they were issued).  ``other_hosts`` False (a one-host schedule): nothing to check,
+    every bound op's record is this host's own and issued already."""
     def program(host: Host):
         ex = host._ex
         for op in ops:
-            for dep in ex.unissued_dependencies(op):
-                yield ex.issued_event(dep)
+            if other_hosts:
+                for dep in ex.unissued_dependencies(op):
+                    yield ex.issued_event(dep)
             ex.issue(op)
             if op.index in ex.pending:
                 yield ex.pending_event(op)
@@ -723,7 +725,8 @@ def run_schedule(schedule: Schedule, profile: Profile, *, keep: str = "all", **k
         by_host[op.host].append(op)
     ex = Executor(schedule.buffers, schedule.streams, profile, keep=keep, hosts=schedule.hosts,
                   static_ops=schedule.ops, **kw)
-    return ex.run({h: _static_program(ops) for h, ops in by_host.items()}, schedule)
+    several = sum(1 for ops in by_host.values() if ops) > 1
+    return ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, schedule)
 
 
 def run_programs(header: dict, programs: dict[str, HostProgram], profile: Profile, *, keep: str = "all",

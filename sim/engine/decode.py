@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from sim.engine.cost import CostModel, step_cost
+from sim.engine.cost import CostModel, keyed_normal, step_cost
 from sim.engine.models import ModelFamily
 from sim.errors import InputError, show
 
@@ -118,8 +118,6 @@ class DecodeStepModel:
 
     def step_us(self, contexts: Sequence[int], step: int) -> float:
         """``nominal_us`` times step ``step``'s keyed jitter factor."""
-        from sim.engine.cost import keyed_normal
-
         d = self.nominal_us(contexts)
         j = self.cost.params.jitter_frac
         if j > 0:
