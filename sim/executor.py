@@ -290,11 +290,11 @@ class Executor:
             raise InputError("keep", f"expected one of {list(KEEP_MODES)}, got {keep!r}")
         self.buffers = buffers
         self.builder = builder               # validates the ops of running host programs
-        self.p = profile
         self.torn = torn
         self.keep_all = keep == "all"
         self.keep = keep
         self.rng = np.random.default_rng(seed)
+        self.p = profile.for_run(self.rng)      # per-run draws of the profile's terms, if any
         self.ties = ties or TieBreak()
         self.mem = Memory(buffers, materialise=materialise)
         self.env = simpy.Environment()
@@ -571,8 +571,14 @@ class Executor:
 
     def _stream(self, name: str, queue):
         keep_all = self.keep_all
+        after = None  # the kind of the op this stream ran last (None: none yet)
         while True:
-            op = yield queue.get()
+            get = queue.get()
+            # NOTE: a stream that found its queue empty waited for the host to issue: its next
+            # kernel's start follows a host launch, not the stream's previous op
+            if not get.triggered:
+                after = "host"
+            op = yield get
             self._running[name] = op
             t0 = self.env.now
             kind = op.op
@@ -589,7 +595,7 @@ class Executor:
             elif kind == "read" or kind == "write":
                 yield self._gate(op)
                 t0 = self.env.now
-                yield self.env.timeout(self.p.kernel_launch_us + self._skew())
+                yield self.env.timeout(self.p.kernel_launch_us + self._skew(kind, after))
                 now = self.env.now
                 if self.active:
                     self._advance(now)
@@ -604,22 +610,23 @@ class Executor:
                     self.mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
                 yield self.env.timeout(int(lens.sum()) / (self.p.hbm_gbps * 1e3))
             elif kind == "copy":
-                yield from self._copy(op)
+                yield from self._copy(op, after)
                 t0 = self._t0.pop(op.id)
             if keep_all:
                 self.timings[op.id] = (t0, self.env.now)
             del self._running[name]
             self._completed(name)
+            after = kind
 
-    def _skew(self) -> float:
-        """A kernel's launch skew (exponential, mean ``launch_jitter_us``; no draw when it is 0, so
-        runs without it draw the same numbers as before it existed)."""
-        j = self.p.launch_jitter_us
-        return float(self.rng.exponential(j)) if j > 0 else 0.0
+    def _skew(self, kind: str, after: str | None) -> float:
+        """A kernel's launch skew, drawn by the profile (``Profile.launch_skew``) from the run's
+        seeded generator: ``kind`` is the kernel's op kind, ``after`` what preceded it on its
+        stream (an op kind, ``"host"`` when the stream had run dry, None for its first op)."""
+        return self.p.launch_skew(self.rng, kind, after)
 
-    def _copy(self, op):
+    def _copy(self, op, after):
         yield self._gate(op)
-        skew = self._skew()
+        skew = self._skew("copy", after)
         if skew:
             yield self.env.timeout(skew)
         link, timing = self._link(op)

@@ -80,6 +80,21 @@ class Profile:
     op_launch_us: float = 0.0
     roofline_jitter_frac: float = 0.0
 
+    def for_run(self, rng) -> "Profile":
+        """The profile one run uses, drawn from ``rng`` (the run's seeded generator) before the
+        run starts, for terms that vary from run to run.  Here there are none: the profile
+        itself, and no draw, so every run draws the same numbers as before this hook existed."""
+        return self
+
+    def launch_skew(self, rng, kind: str, after: str | None) -> float:
+        """The extra delay before a kernel of op ``kind`` (copy, read, write) starts, drawn from
+        ``rng`` (the run's seeded generator); ``after`` is what preceded it on its stream (an op
+        kind, ``"host"`` when the stream had run dry, None for the stream's first op).  Here:
+        exponential of mean ``launch_jitter_us`` whatever the context; no draw when that is 0,
+        so runs without it draw the same numbers as before it existed."""
+        j = self.launch_jitter_us
+        return float(rng.exponential(j)) if j > 0 else 0.0
+
     @property
     def resident_warps(self) -> int:
         return self.sm_count * self.resident_warps_per_sm
