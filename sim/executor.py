@@ -57,6 +57,7 @@ recorded in the result, so any run can be repeated exactly.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator
 
@@ -259,6 +260,91 @@ class Host:
         return op
 
 
+class StreamQueue:
+    """A stream's FIFO of issued ops: ``simpy.Store`` (unbounded) with the same events,
+    scheduled in the same order, and less Python per op.
+
+    ``simpy.Store.put`` appends the item at once and schedules a put event whose
+    processing hands the first item to the first waiting ``get``; ``get`` succeeds at
+    once when an item is there, else it waits.  So a ``get`` waiting on an empty queue
+    is granted one event hop after the put (the put event's processing), then resumes
+    its process one hop later (its own event): the same-instant tie orders of a run
+    depend on these hops, so they are kept exactly.  What is left out are the callbacks
+    that do nothing for an unbounded store (a get's ``_trigger_put``) and the
+    bookkeeping of ``simpy.resources.base`` (``BoundClass``, put and get request
+    queues of one element).  ``tests/test_speed_queues.py`` checks event for event
+    against ``simpy.Store``."""
+
+    __slots__ = ("env", "items", "_getters")
+
+    def __init__(self, env: simpy.Environment):
+        self.env = env
+        self.items: deque = deque()
+        self._getters: deque = deque()
+
+    def put(self, item) -> simpy.Event:
+        self.items.append(item)
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        ev.callbacks.append(self._trigger_get)
+        self.env.schedule(ev)
+        return ev
+
+    def get(self) -> simpy.Event:
+        ev = simpy.Event(self.env)
+        self._getters.append(ev)
+        self._trigger_get(None)
+        return ev
+
+    def _trigger_get(self, _event) -> None:
+        # NOTE: Store._do_get returns None, so one trigger serves the first waiting get only
+        if self._getters and self.items:
+            self._getters.popleft().succeed(self.items.popleft())
+
+
+class LinkResource:
+    """A link copies queue for: ``simpy.Resource(capacity=1)`` with the same events,
+    scheduled in the same order, and less Python per copy.
+
+    ``request()`` is granted at once when the link is free, else when the release
+    before it is processed (one event hop after ``release``); a request made while a
+    release is pending goes behind the waiting ones, and a free link goes to the first
+    waiting request (``Resource._trigger_put`` looks at the first only).  Left out are
+    the callbacks that do nothing here (a request's ``_trigger_get``: releases never
+    wait).  ``tests/test_speed_queues.py`` checks it against ``simpy.Resource``."""
+
+    __slots__ = ("env", "capacity", "users", "_waiting")
+
+    def __init__(self, env: simpy.Environment, capacity: int = 1):
+        self.env = env
+        self.capacity = capacity
+        self.users: list = []
+        self._waiting: deque = deque()
+
+    def request(self) -> simpy.Event:
+        ev = simpy.Event(self.env)
+        self._waiting.append(ev)
+        self._trigger_put(None)
+        return ev
+
+    def release(self, request) -> simpy.Event:
+        try:
+            self.users.remove(request)
+        except ValueError:
+            pass
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        ev.callbacks.append(self._trigger_put)
+        self.env.schedule(ev)
+        return ev
+
+    def _trigger_put(self, _event) -> None:
+        if self._waiting and len(self.users) < self.capacity:
+            ev = self._waiting.popleft()
+            self.users.append(ev)
+            ev.succeed()
+
+
 KEEP_MODES = ("all", "report")
 #: same-instant orders a keep="report" run keeps (the first ones; all are counted)
 TIE_ORDER_LIMIT = 1000
@@ -281,6 +367,10 @@ class Executor:
     (``sim.verdicts.OnlineVerdicts``), so memory follows the live state."""
 
     stream_ops = ("copy", "read", "write", "compute", "record", "wait")
+    #: a stream's queue and a link's queue (``simpy.Store`` and ``simpy.Resource`` give the
+    #: same run, slower: tests/test_speed_queues.py runs both)
+    queue_type = StreamQueue
+    link_type = LinkResource
 
     def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
                  seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True,
@@ -298,7 +388,7 @@ class Executor:
         self.ties = ties or TieBreak()
         self.mem = Memory(buffers, materialise=materialise)
         self.env = simpy.Environment()
-        self.queues = {name: simpy.Store(self.env) for name in streams}
+        self.queues = {name: self.queue_type(self.env) for name in streams}
         self._issued_on = {name: 0 for name in streams}     # ops issued on each stream
         self._done_on = {name: 0 for name in streams}       # ops completed: a prefix (FIFO)
         self._waiters: dict[str, list] = {name: [] for name in streams}   # heap (position, n, event)
@@ -499,7 +589,7 @@ class Executor:
         if self.p.link_sharing == "concurrent":
             key = None                               # copies on one link run at once
         if key is not None and key not in self._links:
-            self._links[key] = simpy.Resource(self.env, capacity=1)
+            self._links[key] = self.link_type(self.env, capacity=1)
         return (self._links[key] if key is not None else None), self.p.link_timing(gbps)
 
     def _gate(self, op):
