@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
+
+import numpy as np
 
 try:
     import tomllib
@@ -18,6 +20,9 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 from sim.errors import InputError, require
+
+__all__ = ["Profile", "QuantileTable", "TIMING_KINDS", "TIMING_AFTER", "load_profile", "profile_from_dict",
+           "shipped_profiles", "timing_key"]
 
 _SCHEMA = {
     "link": {"h2d_gbps": float, "d2h_gbps": float, "launch_us": float, "memcpy_latency_us": float,
@@ -51,6 +56,68 @@ _OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent"))},
                          "mem_efficiency": (0.0, None), "op_launch_us": (0.0, None),
                          "roofline_jitter_frac": (0.0, None)}}
 
+# Optional [timing] table: measured distributions (docs/timing.md).  Every key holds a quantile
+# table, a list of 1 to 1001 finite numbers, non-decreasing: the values at the probabilities
+# 0, 1/(n-1), ..., 1 (one value: a constant, drawn without touching the generator).
+#   <kind>_after_<after>_us (kind: copy, read, write; after: an op kind, host or first): the
+#     extra delay before a kernel of that kind starts when ``after`` preceded it on its stream
+#     (Profile.launch_skew; it replaces launch_jitter_us for that context);
+#   <kind>_us: the same for every context of that kind without its own key;
+#   copy_rate_factor: drawn once per run (Profile.for_run); every copy's rate terms (h2d_gbps,
+#     d2h_gbps, warp_gbps) are divided by it for that run (> 0; 1.2 = copies 20 % slower).
+TIMING_KINDS = ("copy", "read", "write")
+TIMING_AFTER = ("compute", "wait", "record", "copy", "read", "write", "host", "first")
+MAX_QUANTILES = 1001
+
+
+def timing_key(kind: str, after: str | None) -> str:
+    """The [timing] key of a kernel of ``kind`` after ``after`` (None: the stream's first op)."""
+    return f"{kind}_after_{after or 'first'}_us"
+
+
+_TIMING_KEYS = frozenset([timing_key(k, a) for k in TIMING_KINDS for a in TIMING_AFTER]
+                         + [f"{k}_us" for k in TIMING_KINDS] + ["copy_rate_factor"])
+
+
+@dataclass(frozen=True)
+class QuantileTable:
+    """A distribution given by its quantiles at equally spaced probabilities: ``values[i]`` is
+    the quantile at ``i / (n - 1)``.  ``sample`` draws one uniform number and interpolates
+    linearly between the two neighbouring quantiles (inverse-CDF sampling of the piecewise
+    linear CDF through the points); a table of one value is a constant and draws nothing."""
+
+    values: tuple
+
+    def sample(self, rng) -> float:
+        v = self.values
+        if len(v) == 1:
+            return float(v[0])
+        x = float(rng.random()) * (len(v) - 1)
+        i = min(int(x), len(v) - 2)
+        return float(v[i] + (v[i + 1] - v[i]) * (x - i))
+
+    def quantile(self, q: float) -> float:
+        """The table's quantile at probability ``q`` (0 <= q <= 1), interpolated linearly."""
+        v = self.values
+        return float(np.interp(q * (len(v) - 1), np.arange(len(v)), v)) if len(v) > 1 else float(v[0])
+
+    def mean(self) -> float:
+        v = np.asarray(self.values, dtype=np.float64)
+        return float(v[0]) if v.size == 1 else float(((v[:-1] + v[1:]) / 2).mean())
+
+
+def _quantile_table(v, where: str, key: str, positive: bool) -> QuantileTable:
+    name = f"{where}: timing.{key}"
+    ok = isinstance(v, list) and 1 <= len(v) <= MAX_QUANTILES and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+    require(ok, name, f"expected a list of 1 to {MAX_QUANTILES} finite numbers (quantiles at equally spaced "
+                      f"probabilities 0..1), got {v!r}")
+    require(all(b >= a for a, b in zip(v, v[1:])), name, f"expected non-decreasing quantiles, got {v!r}")
+    low = min(v)
+    require(low > 0 if positive else low >= 0, name,
+            f"expected every value {'> 0' if positive else '>= 0'}, got {low}")
+    return QuantileTable(tuple(float(x) for x in v))
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -79,19 +146,43 @@ class Profile:
     mem_efficiency: float = 0.0
     op_launch_us: float = 0.0
     roofline_jitter_frac: float = 0.0
+    #: the [timing] table: (key, QuantileTable) pairs, sorted by key (a tuple: the profile stays
+    #: hashable and frozen)
+    timing: tuple = ()
+
+    def timing_table(self, key: str) -> QuantileTable | None:
+        """The [timing] quantile table of ``key``, or None."""
+        for k, t in self.timing:
+            if k == key:
+                return t
+        return None
 
     def for_run(self, rng) -> "Profile":
         """The profile one run uses, drawn from ``rng`` (the run's seeded generator) before the
-        run starts, for terms that vary from run to run.  Here there are none: the profile
-        itself, and no draw, so every run draws the same numbers as before this hook existed."""
-        return self
+        run starts, for terms that vary from run to run.  With ``timing.copy_rate_factor``: one
+        factor ``f`` drawn from it, and the profile returned has ``h2d_gbps``, ``d2h_gbps`` and
+        ``warp_gbps`` divided by ``f`` and no rate-factor table (so it draws nothing more).
+        Without it: the profile itself, and no draw, so every run draws the same numbers as
+        before this hook existed."""
+        table = self.timing_table("copy_rate_factor")
+        if table is None:
+            return self
+        f = table.sample(rng)
+        rest = tuple((k, t) for k, t in self.timing if k != "copy_rate_factor")
+        return replace(self, h2d_gbps=self.h2d_gbps / f, d2h_gbps=self.d2h_gbps / f,
+                       warp_gbps=self.warp_gbps / f, timing=rest)
 
     def launch_skew(self, rng, kind: str, after: str | None) -> float:
         """The extra delay before a kernel of op ``kind`` (copy, read, write) starts, drawn from
         ``rng`` (the run's seeded generator); ``after`` is what preceded it on its stream (an op
-        kind, ``"host"`` when the stream had run dry, None for the stream's first op).  Here:
-        exponential of mean ``launch_jitter_us`` whatever the context; no draw when that is 0,
-        so runs without it draw the same numbers as before it existed."""
+        kind, ``"host"`` when the stream had run dry, None for the stream's first op).  The
+        [timing] table ``<kind>_after_<after>_us`` when the profile has it, else ``<kind>_us``;
+        else exponential of mean ``launch_jitter_us``, with no draw when that is 0, so runs of a
+        profile without either draw the same numbers as before this hook existed."""
+        if self.timing:
+            table = self.timing_table(timing_key(kind, after)) or self.timing_table(f"{kind}_us")
+            if table is not None:
+                return table.sample(rng)
         j = self.launch_jitter_us
         return float(rng.exponential(j)) if j > 0 else 0.0
 
@@ -168,4 +259,12 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
                 require(ok, f"{where}: {section}.{key}", f"expected a finite number >= 0, got {v!r}")
                 v = float(v)
             values["link_sharing" if key == "sharing" else key] = v
+    timing = doc.get("timing", {})
+    require(isinstance(timing, dict), f"{where}: [timing]", f"expected a table, got {timing!r}")
+    for key in timing:
+        require(key in _TIMING_KEYS, f"{where}: timing.{key}",
+                f"unknown key; expected <kind>_after_<after>_us (kind one of {list(TIMING_KINDS)}, after one "
+                f"of {list(TIMING_AFTER)}), <kind>_us or copy_rate_factor")
+    values["timing"] = tuple((key, _quantile_table(timing[key], where, key, key == "copy_rate_factor"))
+                             for key in sorted(timing))
     return Profile(**values)
