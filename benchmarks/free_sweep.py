@@ -38,39 +38,18 @@ COMPUTE_US = (3.0, 10.0, 30.0)
 FIELDS = ["compute_us", "bytes_per_token", "tokens", "load_bytes", "provider", "device", "trials",
           "stale_trials", "measured_stale", "measured_lo", "measured_hi", "implausible_words",
           "sim_seeds", "sim_stale_runs", "predicted_stale", "predicted_lo", "predicted_hi",
-          "gpu_copy_start_us", "gpu_copy_end_us", "gpu_read_start_us", "sim_copy_end_us", "sim_read_us"]
+          "gpu_copy_start_us", "gpu_copy_end_us", "gpu_read_start_us", "sim_copy_end_us", "sim_read_us",
+          "timed_runs", "gpu_copy_us_p10", "gpu_copy_us_p50", "gpu_copy_us_p90"]
+MEASURED = FIELDS[:12] + ["gpu_copy_start_us", "gpu_copy_end_us", "gpu_read_start_us", "timed_runs",
+                          "gpu_copy_us_p10", "gpu_copy_us_p50", "gpu_copy_us_p90"]
 
 
 def sweep_doc(bytes_per_token: int, tokens: int, compute_us: float) -> dict:
-    """The minimal ungated race at one point of the sweep (a kvrace schedule document)."""
-    return {
-        "kvrace_schedule": 1,
-        "name": f"free_sweep_b{bytes_per_token}_t{tokens}_c{compute_us:g}",
-        "description": (f"Ungated read of {tokens} index-K rows of {bytes_per_token} B after a "
-                        f"{compute_us:g} us compute op, racing their host-to-device load."),
-        "buffers": [
-            {"name": "host_index_k", "location": "host", "kind": "index_k",
-             "layout": {"kind": "host", "layout": "layer_first", "layers": 1, "units": tokens,
-                        "unit_bytes": bytes_per_token},
-             "init": [{"layers": "all", "indices": {"start": 0, "count": tokens}, "owner": 12, "version": 1}]},
-            {"name": "dev_index_k", "location": "device", "kind": "index_k",
-             "layout": {"kind": "paged", "layers": 1, "pages": 2 * tokens, "page_bytes": bytes_per_token}},
-        ],
-        "streams": ["forward", "load"],
-        "events": ["start_loading", "layer0_loaded"],
-        "ops": [
-            {"id": "start_event", "op": "record", "stream": "forward", "event": "start_loading"},
-            {"id": "load_waits_forward", "op": "wait", "stream": "load", "event": "start_loading"},
-            {"id": "load_index_k_L0", "op": "copy", "stream": "load", "routine": "kernel_per_layer",
-             "src": "host_index_k", "dst": "dev_index_k",
-             "args": {"layer": 0, "src_indices": {"start": 0, "count": tokens},
-                      "dst_indices": {"start": tokens, "count": tokens}}},
-            {"id": "complete_L0", "op": "record", "stream": "load", "event": "layer0_loaded"},
-            {"id": "indexer_q_proj", "op": "compute", "stream": "forward", "duration_us": compute_us},
-            {"id": "indexer_read_index_k_L0", "op": "read", "stream": "forward", "buffer": "dev_index_k",
-             "layer": 0, "units": {"start": tokens, "count": tokens}},
-        ],
-    }
+    """The minimal ungated race at one point of the sweep (``gpu_backend.calibrate.spread.race_doc``,
+    the schedule the calibration's race-window scans use too)."""
+    from gpu_backend.calibrate.spread import race_doc
+
+    return race_doc(bytes_per_token, tokens, compute_us)
 
 
 def _predict(job):
@@ -106,7 +85,11 @@ def predict_all(points, profile_name: str, seeds: int, workers: int) -> dict:
         return dict(pool.map(_predict, jobs))
 
 
-def measure(point, provider, profile_name: str, trials: int) -> dict:
+def measure(point, provider, profile_name: str, trials: int, timed: int = 1) -> dict:
+    """The GPU side of one point: ``trials`` untimed free replays (the stale fraction), then
+    ``timed`` runs with CUDA events around every op (medians of the copy's start and end and of
+    the read's start after the gate; the copy's duration quantiles).  The timed runs come after
+    the trials and never count in the stale fraction: events between ops move the kernels."""
     from gpu_backend.replay import replay
     from gpu_backend.runner import GpuSchedule
     from sim.schedule import validate
@@ -120,19 +103,36 @@ def measure(point, provider, profile_name: str, trials: int) -> dict:
         return made["runner"]
 
     rep = replay(s, provider, "free", profile=profile_name, trials=trials, sim_seeds=0, make_runner=make_runner)
-    timed = made["runner"].run(timings=True, final=False, guards=False)
+    import numpy as np
+
+    runs = [made["runner"].run(timings=True, final=False, guards=False) for _ in range(max(1, timed))]
     r = rep["reads"][0]
-    cs, ce = timed.timings_us["load_index_k_L0"]
-    rs, _ = timed.timings_us["indexer_read_index_k_L0"]
-    return {"provider": rep["provider"], "device": rep["device"], "trials": trials,
+    copy_t = np.array([run.timings_us["load_index_k_L0"] for run in runs])
+    read_t = np.array([run.timings_us["indexer_read_index_k_L0"] for run in runs])
+    cs, ce = (float(np.median(copy_t[:, i])) for i in (0, 1))
+    rs = float(np.median(read_t[:, 0]))
+    dur = copy_t[:, 1] - copy_t[:, 0]
+    return {"timed_runs": len(runs), "gpu_copy_us_p10": float(np.quantile(dur, 0.1)),
+            "gpu_copy_us_p50": float(np.median(dur)), "gpu_copy_us_p90": float(np.quantile(dur, 0.9)),"provider": rep["provider"], "device": rep["device"], "trials": trials,
             "stale_trials": r["stale_trials"], "measured_stale": r["stale_fraction"],
             "measured_lo": r["stale_ci95"][0], "measured_hi": r["stale_ci95"][1],
             "implausible_words": r["implausible_words"],
             "gpu_copy_start_us": cs, "gpu_copy_end_us": ce, "gpu_read_start_us": rs}
 
 
-def write_csv(path: str, rows: list[dict]) -> None:
+def _provenance() -> dict:
+    """The command and commit (``KVRACE_COMMIT`` where the tree has no .git, e.g. a device copy)."""
+    from benchmarks.provenance import command, git_commit
+
+    commit = os.environ.get("KVRACE_COMMIT") or git_commit()
+    return {"command": command(), "commit": commit}
+
+
+def write_csv(path: str, rows: list[dict], provenance: dict | None = None) -> None:
+    """The rows, after ``# command:`` / ``# commit:`` lines (``read_csv`` skips ``#`` lines)."""
     with open(path, "w", newline="") as f:
+        for k, v in (provenance or {}).items():
+            f.write(f"# {k}: {v}\n")
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         for row in rows:
@@ -141,10 +141,10 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 def read_csv(path: str) -> list[dict]:
     with open(path) as f:
-        rows = list(csv.DictReader(f))
+        rows = list(csv.DictReader(line for line in f if not line.startswith("#")))
     for row in rows:
         for k, v in row.items():
-            if k in ("provider", "device") or v == "":
+            if k in ("provider", "device") or v in ("", None):
                 continue
             row[k] = float(v)
     return rows
@@ -206,6 +206,11 @@ def main(argv=None) -> int:
                     help="compute op before the read, microseconds, comma-separated")
     ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
     ap.add_argument("--plot-only", metavar="CSV", help="only draw the PNG from an existing CSV")
+    ap.add_argument("--timed", type=int, default=1, help="timed runs per point after the trials (default 1)")
+    ap.add_argument("--measure-only", action="store_true",
+                    help="GPU side only: no prediction (the predicted columns stay empty; fill them with --predict)")
+    ap.add_argument("--predict", metavar="CSV",
+                    help="no GPU: keep the measured columns of CSV, predict every point with --profile")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     png = os.path.join(args.out, "free_sweep.png")
@@ -213,11 +218,37 @@ def main(argv=None) -> int:
         plot(read_csv(args.plot_only), png)
         print(f"wrote {png}")
         return 0
+    if args.predict:
+        rows = read_csv(args.predict)
+        points = [(int(r["bytes_per_token"]), int(r["tokens"]), float(r["compute_us"])) for r in rows]
+        t0 = time.perf_counter()
+        predicted = predict_all(points, args.profile, args.sim_seeds, args.workers)
+        rows = [{**{k: r.get(k, "") for k in MEASURED}, **predicted[p]} for r, p in zip(rows, points)]
+        for r in rows:
+            for k in ("bytes_per_token", "tokens", "trials", "stale_trials", "implausible_words", "timed_runs"):
+                if r.get(k, "") != "":
+                    r[k] = int(r[k])
+        csv_path = os.path.join(args.out, "free_sweep.csv")
+        with open(args.predict) as f:
+            measured_by = [line.strip()[2:] for line in f if line.startswith("# ")]
+        write_csv(csv_path, rows, {"command": _provenance()["command"], "commit": _provenance()["commit"],
+                                   "measured columns from": "; ".join(measured_by) or args.predict})
+        print(f"predicted {len(points)} points x {args.sim_seeds} seeds in {time.perf_counter() - t0:.1f} s; "
+              f"wrote {csv_path}")
+        try:
+            plot(rows, png)
+            print(f"wrote {png}")
+        except ImportError as e:
+            print(f"no plot ({e})")
+        return 0
 
     points = [(int(b), int(t), float(c)) for c in args.compute_us.split(",") for b in args.bytes.split(",")
               for t in args.tokens.split(",")]
     t0 = time.perf_counter()
-    predicted = predict_all(points, args.profile, args.sim_seeds, args.workers)
+    empty = {"sim_seeds": "", "sim_stale_runs": "", "predicted_stale": float("nan"), "predicted_lo": float("nan"),
+             "predicted_hi": float("nan"), "sim_copy_end_us": float("nan"), "sim_read_us": float("nan")}
+    predicted = ({p: empty for p in points} if args.measure_only
+                 else predict_all(points, args.profile, args.sim_seeds, args.workers))
     print(f"simulator: {len(points)} points x {args.sim_seeds} seeds in {time.perf_counter() - t0:.1f} s",
           flush=True)
     from gpu_backend.providers import get_provider
@@ -226,7 +257,7 @@ def main(argv=None) -> int:
     rows = []
     for p in points:
         t1 = time.perf_counter()
-        m = measure(p, provider, args.profile, args.trials)
+        m = measure(p, provider, args.profile, args.trials, args.timed)
         row = {"compute_us": p[2], "bytes_per_token": p[0], "tokens": p[1], "load_bytes": p[0] * p[1],
                **m, **predicted[p]}
         rows.append(row)
@@ -237,8 +268,11 @@ def main(argv=None) -> int:
               f"{row['sim_copy_end_us']:.1f} us, read {row['sim_read_us']:.1f} us)  {time.perf_counter() - t1:.1f} s",
               flush=True)
     csv_path = os.path.join(args.out, "free_sweep.csv")
-    write_csv(csv_path, rows)
+    write_csv(csv_path, rows, _provenance())
     print(f"wrote {csv_path}")
+    if args.measure_only:
+        print(f"total {time.perf_counter() - t0:.1f} s")
+        return 0 if all(r["implausible_words"] == 0 for r in rows) else 1
     try:
         plot(rows, png)
         print(f"wrote {png}")

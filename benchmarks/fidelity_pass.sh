@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# GPU fidelity pass (issue 12) on a GPU machine; writes under $OUT (or ./out).
+#   bash benchmarks/fidelity_pass.sh measure   # race-window scans + free sweeps measured (no prediction)
+#   bash benchmarks/fidelity_pass.sh verify    # GPU agreement test + free sweeps with predictions
+# Every file it writes names its command and commit (KVRACE_COMMIT when the tree has no .git).
+set -uo pipefail
+PHASE=${1:-measure}
+OUT=${OUT:-out}; mkdir -p "$OUT"
+COMMIT=${KVRACE_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export KVRACE_COMMIT=$COMMIT
+export PYTHONPATH=$PWD:${PYTHONPATH:-}
+: > "$OUT/PROVENANCE.txt"
+step() {  # step NAME TIMEOUT_S CMD...: run CMD, log to $OUT/NAME.log with its command and commit
+  local name=$1 t=$2; shift 2
+  printf '%s\tcommand: %s\tcommit: %s\n' "$name.log" "$*" "$COMMIT" >> "$OUT/PROVENANCE.txt"
+  { printf '# command: %s\n# commit: %s\n' "$*" "$COMMIT"; s=$(date +%s); timeout "$t" "$@" 2>&1; echo "exit $? after $(( $(date +%s) - s )) s"; } > "$OUT/$name.log"
+  tail -3 "$OUT/$name.log"
+}
+{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; nproc; } > "$OUT/gpu.txt"
+EX=examples/index_k_ungated_race.json
+if [ "$PHASE" = measure ]; then
+  step spread 260 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
+    --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 14 --out "$OUT/spread.json" \
+    --command "python -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 14" --commit "$COMMIT"
+  mkdir -p "$OUT/sweep_sglang" "$OUT/sweep_builtin"
+  step sweep_sglang 150 python3 benchmarks/free_sweep.py --out "$OUT/sweep_sglang" --provider sglang --bytes 128,256,512,1024 --trials 100 --timed 9 --measure-only
+  step sweep_builtin 150 python3 benchmarks/free_sweep.py --out "$OUT/sweep_builtin" --provider builtin --trials 100 --timed 9 --measure-only
+  step race_sglang 60 python3 -m kvrace replay $EX --provider sglang --mode free --trials 400 --profile sim/profiles/h200-calibrated-sglang.toml --json "$OUT/race_sglang.json"
+  step bench_providers 120 python3 benchmarks/bench_providers.py --out "$OUT/bench"
+else
+  step agreement 300 python3 -m pytest -m gpu tests/test_gpu_agreement.py -q -p no:cacheprovider -rA
+  mkdir -p "$OUT/sweep_sglang" "$OUT/sweep_builtin"
+  step sweep_sglang 200 python3 benchmarks/free_sweep.py --out "$OUT/sweep_sglang" --provider sglang --bytes 128,256,512,1024 --trials 100 --timed 5 --profile sim/profiles/h200-calibrated-sglang.toml --sim-seeds 200
+  step sweep_builtin 200 python3 benchmarks/free_sweep.py --out "$OUT/sweep_builtin" --provider builtin --trials 100 --timed 5 --profile sim/profiles/h200-calibrated.toml --sim-seeds 200
+fi
