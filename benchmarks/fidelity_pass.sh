@@ -19,14 +19,13 @@ step() {  # step NAME TIMEOUT_S CMD...: run CMD, log to $OUT/NAME.log with its c
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; nproc; } > "$OUT/gpu.txt"
 EX=examples/index_k_ungated_race.json
 if [ "$PHASE" = measure ]; then
-  step spread 260 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
-    --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 14 --out "$OUT/spread.json" \
-    --command "python -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 14" --commit "$COMMIT"
+  step spread 200 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
+    --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 12 --out "$OUT/spread.json" \
+    --command "python -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 12" --commit "$COMMIT"
   mkdir -p "$OUT/sweep_sglang" "$OUT/sweep_builtin"
-  step sweep_sglang 150 python3 benchmarks/free_sweep.py --out "$OUT/sweep_sglang" --provider sglang --bytes 128,256,512,1024 --trials 100 --timed 9 --measure-only
-  step sweep_builtin 150 python3 benchmarks/free_sweep.py --out "$OUT/sweep_builtin" --provider builtin --trials 100 --timed 9 --measure-only
-  step race_sglang 60 python3 -m kvrace replay $EX --provider sglang --mode free --trials 400 --profile sim/profiles/h200-calibrated-sglang.toml --json "$OUT/race_sglang.json"
-  step bench_providers 120 python3 benchmarks/bench_providers.py --out "$OUT/bench"
+  step sweep_sglang 125 python3 benchmarks/free_sweep.py --out "$OUT/sweep_sglang" --provider sglang --bytes 128,256,512,1024 --trials 100 --timed 9 --measure-only
+  step sweep_builtin 110 python3 benchmarks/free_sweep.py --out "$OUT/sweep_builtin" --provider builtin --trials 100 --timed 9 --measure-only
+  step race_sglang 45 python3 -m kvrace replay $EX --provider sglang --mode free --trials 400 --profile sim/profiles/h200-calibrated-sglang.toml --json "$OUT/race_sglang.json"
 else
   step agreement 300 python3 -m pytest -m gpu tests/test_gpu_agreement.py -q -p no:cacheprovider -rA
   mkdir -p "$OUT/sweep_sglang" "$OUT/sweep_builtin"
