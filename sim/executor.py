@@ -545,6 +545,14 @@ class Executor:
             got = self._plan_memo[key] = (plan, make())
         return got[1]
 
+    def _copy_shape(self, plan, timing, item):
+        """What a copy's run derives from its plan and link: its items' start and end
+        times (relative), where each item's extents start (``ext_item_start``: item ``i``
+        is extents ``[ext_item_start[i], ext_item_start[i + 1])``) and its duration."""
+        start, end = self._item_times(plan, timing)
+        ext_item_start = np.searchsorted(item, np.arange(end.size + 1))
+        return start, end, ext_item_start, (float(end.max()) if end.size else 0.0)
+
     def _item_times(self, plan, timing):
         """(start, end, ext_item_start) of a copy's items relative to its start, checked
         to land in item order (the timing model's contract, which _advance relies on)."""
@@ -698,7 +706,8 @@ class Executor:
                     self._capture(op)
                 else:
                     self.mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
-                yield self.env.timeout(int(lens.sum()) / (self.p.hbm_gbps * 1e3))
+                yield self.env.timeout((int(lens[0]) if lens.size == 1 else int(lens.sum()))
+                                       / (self.p.hbm_gbps * 1e3))
             elif kind == "copy":
                 yield from self._copy(op, after)
                 t0 = self._t0.pop(op.id)
@@ -725,14 +734,13 @@ class Executor:
             req = link.request()
             yield req
         t0 = self._t0[op.id] = self.env.now
-        start, end = self._memo(op.plan, ("times", timing), lambda: self._item_times(op.plan, timing))
         c = self.clipped.pop(op.id)
-        ext_item_start = self._memo(op.plan, ("items",), lambda: np.searchsorted(c.item, np.arange(end.size + 1)))
+        start, end, ext_item_start, total = self._memo(op.plan, ("times", timing),
+                                                       lambda: self._copy_shape(op.plan, timing, c.item))
         cp = _Copy(op, c, start, end, t0, ext_item_start)
         self.active.append(cp)
         if self.keep_all:
             self.item_end_us[op.id] = cp.end_abs
-        total = float(end.max()) if end.size else 0.0
         yield self.env.timeout(total)
         self._advance(self.env.now)
         self.active.remove(cp)
@@ -742,7 +750,8 @@ class Executor:
     def _capture(self, op):
         t = self.env.now
         offs, lens = op.extents
-        views = [self.mem.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)]
+        view = self.mem.view
+        views = [view(op.buffer, o, n) for o, n in zip(offs.tolist(), lens.tolist())]
         in_flight = []
         for cp in self.active:
             if cp.op.dst != op.buffer:

@@ -192,6 +192,9 @@ SMALL_MERGE = 16
 def _merge(starts, lengths):
     starts = np.asarray(starts, np.int64)
     ends = starts + np.asarray(lengths, np.int64)
+    if starts.shape == (1,) and ends.shape == (1,):
+        # one extent (a one-unit read or write): merged already, unless it is empty
+        return (starts.copy(), ends) if int(ends[0]) > int(starts[0]) else (starts[:0].copy(), ends[:0])
     if starts.size < SMALL_MERGE:
         out_s, out_e = [], []
         for s, e in sorted(zip(starts.tolist(), ends.tolist())):

@@ -71,6 +71,17 @@ class Clipped:
     fill_end: np.ndarray
     src_nbytes: int
 
+    _rows = None
+
+    def row(self, k: int) -> tuple[int, int, int, int, int]:
+        """Extent ``k`` as Python ints ``(src, dst, copy_len, fill_start, fill_end)`` (the rows
+        are made once per Clipped: a run's copies share one per plan)."""
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = list(zip(self.src.tolist(), self.dst.tolist(), self.copy_len.tolist(),
+                                         self.fill_start.tolist(), self.fill_end.tolist()))
+        return rows[k]
+
 
 def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
     s, d, n = (np.asarray(a, dtype=np.int64) for a in (ext.src, ext.dst, ext.length))
@@ -161,17 +172,23 @@ class Memory:
     def apply_copy(self, src: str, dst: str, c: Clipped, sel=slice(None), done=None) -> None:
         """Apply extents ``sel`` of a clipped copy; ``done`` (bytes per selected
         extent) applies only that prefix of each (an in-flight item)."""
-        if done is None and c.copy_len[sel].size == 1:      # one extent: plain integers
-            k = range(c.copy_len.size)[sel][0]
-            n_copy, f0, f1 = int(c.copy_len[k]), int(c.fill_start[k]), int(c.fill_end[k])
-            s, d = int(c.src[k]), int(c.dst[k])
-            if n_copy > 0:
-                for m_src, m_dst in zip(self._models(src), self._models(dst)):
-                    m_dst.copy_from(m_src, s, d, n_copy)
-            if f1 > f0:
-                for m in self._models(dst):
-                    m.fill(d + f0, f1 - f0, oob_origin(src), s + f0 - c.src_nbytes)
-            return
+        if done is None:
+            a, b, step = sel.indices(c.copy_len.size)
+            if b - a == 1 and step == 1:                     # one extent: plain integers
+                s, d, n_copy, f0, f1 = c.row(a)
+                if self.material is None:
+                    if n_copy > 0:
+                        self.compact[dst].copy_from(self.compact[src], s, d, n_copy)
+                    if f1 > f0:
+                        self.compact[dst].fill(d + f0, f1 - f0, oob_origin(src), s + f0 - c.src_nbytes)
+                    return
+                if n_copy > 0:
+                    for m_src, m_dst in zip(self._models(src), self._models(dst)):
+                        m_dst.copy_from(m_src, s, d, n_copy)
+                if f1 > f0:
+                    for m in self._models(dst):
+                        m.fill(d + f0, f1 - f0, oob_origin(src), s + f0 - c.src_nbytes)
+                return
         n_copy = c.copy_len[sel]
         f0, f1 = c.fill_start[sel], c.fill_end[sel]
         if done is not None:

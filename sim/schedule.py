@@ -54,6 +54,8 @@ it over a whole document.  Every problem is an
 """
 from __future__ import annotations
 
+import functools
+
 import hashlib
 import json
 import math
@@ -128,8 +130,9 @@ class BufferSpec:
     layout: Any
     init: tuple[Fill, ...] = ()
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
+        # NOTE: cached (the layout is immutable); read once per op by the executor and verdicts
         return int(self.layout.nbytes)
 
 
@@ -677,6 +680,20 @@ class ScheduleBuilder:
         self._common = frozenset({"op", "id", "note"} | ({"host"} if self.version >= 2 else set()))
         self._host_set = frozenset(self.hosts)
         self._parsers = {k: getattr(self, f"_parse_{k}") for k in OP_KINDS}
+        # the keys each kind allows (built once: every op is checked against its kind's set)
+        c = self._common
+        self._allowed = {
+            "copy": c | {"stream", "routine", "src", "dst", "args"},
+            "read": c | {"stream", "buffer", "layer", "units", "tokens", "ranges"},
+            "write": c | {"stream", "buffer", "layer", "units", "tokens", "ranges", "owner", "version"},
+            "compute": c | {"stream", "duration_us", "jitter"},
+            "host_delay": c | {"stream", "duration_us"},
+            "record": c | {"stream", "event"},
+            "wait": c | {"stream", "event"},
+            "host_sync": c | {"event", "stream"},
+            "host_query": c | {"event", "outcome"},
+            "barrier": c | {"barrier", "hosts"},
+        }
 
     def add(self, d: Any, *, resolve=None) -> Op:
         """Validate one op (issued now, after every op added so far) and append it.
@@ -736,7 +753,7 @@ class ScheduleBuilder:
 
     # ---- one parser per op kind
     def _parse_copy(self, op, d, w, common):
-        _keys(d, common | {"stream", "routine", "src", "dst", "args"}, w)
+        _keys(d, self._allowed[op.op], w)
         op.routine = _name(d, "routine", w, ROUTINES, "routine")
         op.src = _name(d, "src", w, self.buffers, "buffer")
         op.dst = _name(d, "dst", w, self.buffers, "buffer")
@@ -763,8 +780,7 @@ class ScheduleBuilder:
 
     def _parse_read(self, op, d, w, common):
         kind = op.op
-        extra = {"owner", "version"} if kind == "write" else set()
-        _keys(d, common | {"stream", "buffer", "layer", "units", "tokens", "ranges"} | extra, w)
+        _keys(d, self._allowed[kind], w)
         op.buffer = _name(d, "buffer", w, self.buffers, "buffer")
         op.layer, op.units, op.extents = _selection(d, w, self.buffers[op.buffer], self.totals,
                                                     allow_ranges=(kind == "read"))
@@ -778,7 +794,7 @@ class ScheduleBuilder:
     _parse_write = _parse_read
 
     def _parse_compute(self, op, d, w, common):
-        _keys(d, common | {"stream", "duration_us"} | ({"jitter"} if op.op == "compute" else set()), w)
+        _keys(d, self._allowed[op.op], w)
         op.jitter = _get(d, "jitter", w, bool, default=True) if op.op == "compute" else False
         duration = _get(d, "duration_us", w, (int, float))
         if not (isinstance(duration, float) or abs(duration) <= MAX_DURATION_US):
@@ -801,16 +817,16 @@ class ScheduleBuilder:
                                  "stream": op.stream})
 
     def _parse_record(self, op, d, w, common):
-        _keys(d, common | {"stream", "event"}, w)
+        _keys(d, self._allowed[op.op], w)
         op.event = _name(d, "event", w, self.events, "event")
         self._last_record[op.event] = op.index
 
     def _parse_wait(self, op, d, w, common):
-        _keys(d, common | {"stream", "event"}, w)
+        _keys(d, self._allowed[op.op], w)
         self._bind(op, d, w)
 
     def _parse_host_sync(self, op, d, w, common):
-        _keys(d, common | {"event", "stream"}, w)
+        _keys(d, self._allowed[op.op], w)
         if not (not ("event" in d and "stream" in d)):
             raise InputError(w, "expected 'event' or 'stream', not both")
         if "event" in d:
@@ -824,7 +840,7 @@ class ScheduleBuilder:
             op.sync_targets = tuple(self._last_on_stream.values())
 
     def _parse_host_query(self, op, d, w, common):
-        _keys(d, common | {"event", "outcome"}, w)
+        _keys(d, self._allowed[op.op], w)
         self._bind(op, d, w)
         if self._resolve is not None:
             op.outcome = bool(self._resolve(op.bound_record))
@@ -838,7 +854,7 @@ class ScheduleBuilder:
         op.sync_targets = (op.bound_record,) if op.outcome and op.bound_record is not None else ()
 
     def _parse_barrier(self, op, d, w, common):
-        _keys(d, common | {"barrier", "hosts"}, w)
+        _keys(d, self._allowed[op.op], w)
         op.barrier = _label(d, "barrier", w)
         hosts = _get(d, "hosts", w, list)
         for k, h in enumerate(hosts):

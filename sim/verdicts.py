@@ -486,10 +486,9 @@ def placement_check(s, op, max_bytes: int = 1 << 24) -> dict | None:
     """For a token-granular routine with fixed constants (dsv4_token), how many
     tokens land where the buffers' own geometry says they belong (the
     token_bytewise copy of the same indices), byte for byte."""
-    from sim.transfers.routines import plan as plan_copy
-
     if op.routine != "dsv4_token":
         return None
+    from sim.transfers.routines import plan as plan_copy
     src, dst = s.buffers[op.src].layout, s.buffers[op.dst].layout
     ext = op.plan.extents
     if int(ext.length.sum()) > max_bytes or not (hasattr(src, "token_extents") and hasattr(dst, "token_extents")):
@@ -599,8 +598,8 @@ class OnlineVerdicts:
             if op.buffer in self._indet:
                 s, e, _ = _intersect_sets(rs, re_, *self._indet[op.buffer])
                 ind = merge_intervals(s, e) if s.size else None
-            self._expected[op.index] = ([self.ref.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)],
-                                        ind)
+            view = self.ref.view
+            self._expected[op.index] = ([view(op.buffer, o, n) for o, n in zip(offs.tolist(), lens.tolist())], ind)
             accs = [(op.buffer, False, rs, re_)]
         else:
             return
