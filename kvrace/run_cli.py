@@ -114,7 +114,10 @@ def _run(args) -> int:
     check_trace_option(args)
     check_output_path(args.json, "--json")          # output paths are checked before the run
     sc = load_scenario(args.scenario, args.set)
-    engine = PrefillEngine(sc, args.seed)
+    # NOTE: the whole run (every op, read and timing) is kept only when an output needs it:
+    # the exported windows and the trace are cut from it; otherwise the engine streams
+    keep = "all" if (args.export_races or getattr(args, "trace", None)) else "report"
+    engine = PrefillEngine(sc, args.seed, keep=keep)
     bar = _SimTimeBar(sc.run.duration_s * 1e6, force=args.progress == "always") if args.progress != "never" else None
     bar = bar if bar is not None and bar.enabled else None     # not a terminal: no per-iteration callback
     try:
@@ -124,7 +127,8 @@ def _run(args) -> int:
             bar.close()
     d = result.to_dict()
     doc = {k: d[k] for k in _RUN_KEYS} | {k: v for k, v in d.items() if k not in _RUN_KEYS}
-    write_run_trace(args, engine.session.finish(), engine.report)
+    if keep == "all":
+        write_run_trace(args, engine.session.finish(), engine.report)
     if args.export_races:
         paths = export_races(engine, result, args.export_races, args.export_limit)
         doc["exported_races"] = [str(p) for p in paths]
@@ -208,7 +212,11 @@ def add_parser(sub, epilog: str) -> None:
     r = sub.add_parser("run", help="run a scenario through the engine and report corrupted requests",
                        description="Run a scenario (a shipped preset: `kvrace scenarios`; or a TOML file) "
                                    "through the prefill engine on the HiCache model and report corrupted requests, "
-                                   "stale and torn reads, races, load-backs and the copy branches taken.",
+                                   "stale and torn reads, races, load-backs and the copy branches taken.\n\n"
+                                   "Memory: the engine judges each read when it completes and keeps only live "
+                                   "state, so memory does not grow with the run's length; --export-races and "
+                                   "--trace need the whole run (every op, read and timing) and keep it, which "
+                                   "grows with the run (docs/engine.md, \"Streaming verdicts\").",
                        epilog=epilog, formatter_class=fmt)
     r.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO,
                    help=f"a shipped scenario or a scenario TOML file (default {DEFAULT_SCENARIO})")
@@ -216,7 +224,8 @@ def add_parser(sub, epilog: str) -> None:
                    help="override a scenario key, e.g. --set workload.concurrency=1 (repeatable)")
     r.add_argument("--seed", type=int, default=None, help="seed (default the scenario's run.seed)")
     r.add_argument("--json", metavar="PATH|-", help="write the metrics as JSON (- for stdout: no table)")
-    r.add_argument("--export-races", metavar="DIR", help="write a window schedule around each corrupted read")
+    r.add_argument("--export-races", metavar="DIR",
+                   help="write a window schedule around each corrupted read (keeps the whole run in memory)")
     r.add_argument("--export-limit", type=int_at_least(1), default=3, metavar="N", help="how many to export (3)")
     r.add_argument("--fail-on", default=[], type=_fail_on,
                    help="exit 1 when any of corrupt,race,oob is found (default none: exit 0)")

@@ -38,7 +38,7 @@ import numpy as np
 from sim.bytes.describe import describe
 from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCacheController
 from sim.errors import InputError, KvraceError, check_keys, show
-from sim.executor import Executor, Host, RunResult, TieBreak
+from sim.executor import KEEP_MODES, Executor, Host, RunResult, TieBreak
 from sim.pools import (
     DeepSeekV4TokenToKVPool, DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost,
     PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, resolve_layout_io_compatibility,
@@ -108,6 +108,11 @@ class SessionConfig:
     * MLA geometry: ``kv_lora_rank`` (512), ``qk_rope_head_dim`` (64), ``itemsize`` (2).
     * ``profile`` (``"h200"``), ``seed`` (0), ``ties`` (``"fifo"``), ``materialise`` (True:
       real bytes too when they fit).
+    * ``keep`` (``"all"``): what the run keeps (``sim.executor``'s keep modes). ``"all"``: every
+      op, its timings and every read's bytes, the recorded schedule (:meth:`CacheSession.record`,
+      windows, traces, Snapshots); ``"report"``: live state only, the verdicts computed while the
+      run runs (``sim.verdicts.OnlineVerdicts``), every latent race listed; with a read sink
+      (:meth:`CacheSession.set_read_sink`) not even the per-read entries are kept.
     """
 
     model: str = "mla"
@@ -135,6 +140,7 @@ class SessionConfig:
     index_k_host_bytes_per_entry: int = 0
     host_lock_during_load: bool = True
     backup_pools: frozenset | None = None
+    keep: str = "all"
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SessionConfig":
@@ -184,6 +190,7 @@ class SessionConfig:
         need(isinstance(self.profile, str) and self.profile, "profile", "a profile name or a TOML path")
         need(is_int(self.seed), "seed", "an integer >= 0")
         need(self.ties in ("fifo", "seeded"), "ties", "'fifo' or 'seeded'")
+        need(self.keep in KEEP_MODES, "keep", f"one of {list(KEEP_MODES)}")
         need(self.model != "deepseek-v4" or self.hicache_size == 0, "hicache_size",
              "0 for model 'deepseek-v4' (SGLang's V4 HiCache does not support --hicache-size; use hicache_ratio)")
         need(self.index_k_dtype in ("fp8", "bf16"), "index_k_dtype", "'fp8' or 'bf16'")
@@ -274,9 +281,13 @@ class CacheSession:
                                                     load_fence=cfg.load_fence),
             "hosts": [HOST],
         }
-        builder = ScheduleBuilder(self.header, max_ops=None)
+        report = cfg.keep == "report"
+        builder = ScheduleBuilder(self.header, max_ops=None, keep_ops=not report)
+        extra = dict(keep="report", hosts=builder.hosts, race_limit=None) if report else {}
         self._ex = Executor(builder.buffers, builder.streams, load_profile(cfg.profile), builder=builder,
-                            seed=cfg.seed, ties=TieBreak(cfg.ties, seed=cfg.seed), materialise=cfg.materialise)
+                            seed=cfg.seed, ties=TieBreak(cfg.ties, seed=cfg.seed), materialise=cfg.materialise,
+                            **extra)
+        self._sink = None
         self.env = self._ex.env
         # NOTE: let the streams' processes start before the host issues anything, as a
         # static run does (its host program starts after them)
@@ -476,6 +487,13 @@ class CacheSession:
         self._ex._advance(self.env.now)
         return self._ex.mem
 
+    def buffer_contents(self, buffer: str):
+        """The :class:`~sim.bytes.compact.CompactBuffer` of ``buffer`` in the run's memory as
+        it stands (the items the executor has applied; :attr:`memory` first applies those
+        landed by now).  Inside a read sink (:meth:`set_read_sink`) it holds what the read
+        saw wherever no copy into ``buffer`` is in flight (``capture.in_flight`` empty)."""
+        return self._ex.mem.compact[buffer]
+
     def bytes_of(self, buffer: str, layer: int, units) -> list[list[dict]]:
         """Per unit (token row or page) of ``buffer`` at ``layer``: whose bytes it holds
         now, as :func:`sim.bytes.describe.describe` runs (``origin``: kind, layer, owner =
@@ -499,8 +517,39 @@ class CacheSession:
 
     # ---------------------------------------------------------------- the record
     def record(self) -> dict:
-        """The ops issued so far, in issue order, as a format 2 schedule document."""
+        """The ops issued so far, in issue order, as a format 2 schedule document (a
+        ``keep="all"`` session only: a ``keep="report"`` one keeps no ops)."""
+        if self.config.keep != "all":
+            raise InputError("config.keep", "this session keeps its verdicts only (keep='report'), not the ops it "
+                             "issued; expected keep='all' to read its recorded schedule")
         return self._ex.builder.schedule().to_json()
+
+    def set_read_sink(self, sink) -> None:
+        """``keep="report"`` only: hand each read to ``sink(capture, expected_views, entry)``
+        when the run captures it, instead of keeping its entry: ``capture`` is the read's
+        :class:`~sim.executor.ReadCapture` (the views it saw), ``expected_views`` the same
+        read's views in happens-before order, ``entry`` its verdict entry
+        (``sim.verdicts.read_entry`` without detail: ``status`` ok, stale, torn or
+        indeterminate).  Nothing of the read is kept after the call, so a run's memory does
+        not grow with its reads; the finished run's ``analyse`` then lists no reads (the sink
+        had them).  Set it before the first read is issued."""
+        if self.config.keep != "report":
+            raise InputError("config.keep", "expected keep='report' for a read sink (a keep='all' session keeps "
+                             "every read in its RunResult)")
+        if self._sink is not None:
+            raise KvraceError("this session has a read sink already")
+        online = self._ex.online
+        take = online.captured
+        expected = online._expected
+
+        # NOTE: the online verdicts drop a read's expected views once its entry is made, and
+        # keep the entry for the report: the sink sees both first, and the entry is not kept
+        def captured(capture):
+            views, _ = expected[capture.index]
+            take(capture)
+            sink(capture, views, online.reads.pop())
+        online.captured = captured
+        self._sink = sink
 
     def finish(self) -> RunResult:
         """Let every issued op complete (as a static run ends) and return the run; its
@@ -511,10 +560,14 @@ class CacheSession:
             self.env.run()
             ex = self._ex
             s = ex.builder.finish().schedule()
+            report = ex.online is not None
             self._result = RunResult(schedule=s, profile=ex.p, memory=ex.mem, reads=ex.reads, timings=ex.timings,
                                      tie_orders=ex.tie_orders, oob=ex.oob, end_us=self.env.now,
                                      item_end_us=ex.item_end_us, access_us=ex.access_us,
-                                     access_seq=ex.access_seq, torn=ex.torn, unbound=list(s.unbound))
+                                     access_seq=ex.access_seq, torn=ex.torn, unbound=list(s.unbound),
+                                     kept=ex.keep, online=ex.online,
+                                     digest=ex.builder.digest() if report else None,
+                                     tie_orders_total=ex.tie_orders_total)
         return self._result
 
     def snapshot(self):

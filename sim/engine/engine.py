@@ -41,6 +41,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -162,6 +163,20 @@ def reduced_model(fam: ModelFamily, layers: int | None) -> ModelFamily:
 
 
 @dataclass
+class _Tally:
+    """What the judged reads add up to (``PrefillEngine._judge``)."""
+
+    reads: int = 0
+    stale: int = 0
+    torn: int = 0
+    raced: set = field(default_factory=set)
+    wrong: set = field(default_factory=set)
+    corrupted: list = field(default_factory=list)
+    wrong_reads: int = 0
+    topk_changed: int = 0
+
+
+@dataclass
 class _Admitted:
     req: Request
     key: RadixKey
@@ -174,15 +189,38 @@ class _Admitted:
     chunk: int = 0              # new tokens this batch computes
 
 
+class _Expected(NamedTuple):
+    """A read's views in happens-before order (what ``ReadCapture.views`` is for the run)."""
+
+    views: list
+
+
+#: the engine's keep modes (``PrefillEngine(keep=...)``)
+ENGINE_KEEP = ("report", "all")
+
+
 class PrefillEngine:
     """One prefill engine on one rank (see the module doc).  ``layers``: run only the model's
     first layers (small runs); ``device_tokens``: device pool size (default the scenario's
-    ``scheduler.max_total_tokens``); ``materialise``: real bytes besides provenance."""
+    ``scheduler.max_total_tokens``); ``materialise``: real bytes besides provenance.
+
+    ``keep``: ``"all"`` (default): the session keeps the whole run (every op, read and
+    timing: what ``--export-races``, ``--trace``, ``sim.window.cut_window`` and a test that
+    inspects the recorded schedule or :attr:`issues` need) and :meth:`finish` judges the reads
+    after the run (``sim.verdicts.analyse`` against ``run_reference``); ``"report"``
+    (streaming, what ``kvrace run`` and :func:`run_prefill_engine` use): the verdicts are
+    computed while the run runs (the session's ``keep="report"``), each read judged (race
+    verdict, the requests it hit, top-k, the KV oracle) when the run captures it and then
+    forgotten, so memory follows the live state and what the result lists.  Both give the
+    same :class:`EngineResult` (``tests/test_engine_stream.py``)."""
 
     def __init__(self, scenario: Scenario, seed: int | None = None, *, layers: int | None = None,
-                 device_tokens: int | None = None, materialise: bool = False):
+                 device_tokens: int | None = None, materialise: bool = False, keep: str = "all"):
         if not isinstance(scenario, Scenario):
             raise InputError("scenario", f"expected a Scenario, got {type(scenario).__name__}")
+        if keep not in ENGINE_KEEP:
+            raise InputError("keep", f"expected one of {list(ENGINE_KEEP)}, got {show(keep)}")
+        self.keep = keep
         sc = scenario
         fam = model_family(sc.model.family)
         if fam.name not in SESSION_MODELS:
@@ -247,8 +285,12 @@ class PrefillEngine:
         self.forwards_one_step = 0
         self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
         self.waiting: list[Request] = []
-        self.issues: list[ForwardIssue] = []
-        self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)})
+        self.issues: list[ForwardIssue] = []       # keep="all" only: every batch's forward
+        self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)}), until judged
+        self.report: dict | None = None            # keep="all": the run's verdicts (analyse), after finish()
+        self._tally = _Tally()
+        if self.keep == "report":
+            self.session.set_read_sink(self._on_read)
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self.chunked: _Admitted | None = None
         self._t0: float | None = None               # perf_counter at start()
@@ -263,7 +305,7 @@ class PrefillEngine:
             layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, **switches)
+            seed=self.seed, materialise=materialise, keep=self.keep, **switches)
 
     def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
@@ -421,7 +463,8 @@ class PrefillEngine:
         issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
                               cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
                               one_step=one_step, tag=f"fwd{k}", key=(k,))
-        self.issues.append(issue)
+        if self.keep == "all":
+            self.issues.append(issue)
         made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
         for r in issue.reads:
             self.read_rids[r.op_id] = (r, consumer, made_for)
@@ -568,62 +611,85 @@ class PrefillEngine:
             self.cache.check_hicache_events()
 
     # ---------------------------------------------------------------- verdicts
+    def _on_read(self, capture, expected_views, entry: dict) -> None:
+        """The session's read sink (``keep="report"``): judge the read now."""
+        t = self._tally
+        t.reads += 1
+        st = entry["status"]
+        t.stale += st == "stale"
+        t.torn += st == "torn"
+        # NOTE: with no copy into the buffer in flight the read saw the buffer as it is now,
+        # which the oracle looks up once instead of view by view
+        contents = None if capture.in_flight else self.session.buffer_contents(capture.buffer)
+        self._judge(capture.op_id, st, capture, _Expected(expected_views), contents)
+
+    def _judge(self, op_id: str, status: str, obs, ref, contents=None) -> None:
+        """One read of a forward (``obs``: what it saw; ``ref``: its happens-before-order
+        views; ``status``: the race verdict): which requests it hit, the indexer's top-k on
+        a raced index-K read, and the KV oracle's check of each request it was made for."""
+        rec = self.read_rids.pop(op_id, None)
+        if rec is None:
+            return
+        info, consumer, made_for = rec
+        t = self._tally
+        rids: set[int] = set()
+        topk = None
+        if status in ("stale", "torn"):
+            rids = self._requests_hit(info, obs, ref)
+            t.raced |= rids
+            if info.role == "index_k" and rids:
+                topk = self._topk_changed(info, obs, ref, rids)
+                t.topk_changed += bool(topk)
+        # the oracle: did each request see its own tokens' KV (in any order)?
+        kv_wrong = {rid for rid, bad in self.oracle.check_reads(info, obs, made_for, contents).items() if bad.any()}
+        t.wrong |= kv_wrong
+        t.wrong_reads += bool(kv_wrong)
+        if rids or kv_wrong:
+            t.corrupted.append({"op": op_id, "layer": info.layer, "reader": info.reader, "role": info.role,
+                                "buffer": info.buffer, "status": status if rids else "wrong-kv", "waited": info.waited,
+                                "consumer_index": consumer, "requests": sorted(rids | kv_wrong),
+                                "wrong_kv_requests": sorted(kv_wrong), "topk_changed": topk})
+
     def _result(self, wall0: float) -> EngineResult:
         t0 = time.perf_counter()
         s = self.session
         run = s.finish()
-        ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)
-        rep = analyse(run, reference=ref, race_limit=None)
-        self.report = rep           # the verdicts of the run (sim.verdicts.analyse), e.g. for a trace
-        ref_reads = {r.op_id: r for r in ref.reads}
-        obs_reads = {r.op_id: r for r in run.reads}
-        raced: set[int] = set()
-        wrong: set[int] = set()
-        corrupted = []
-        wrong_reads = 0
-        topk_changed = 0
-        for entry in rep["reads"]:
-            if entry["op"] not in self.read_rids:
-                continue
-            info, consumer, made_for = self.read_rids[entry["op"]]
-            obs = obs_reads[entry["op"]]
-            rids: set[int] = set()
-            topk = None
-            if entry["status"] in ("stale", "torn"):
-                rids = self._requests_hit(info, obs, ref_reads[entry["op"]])
-                raced |= rids
-                if info.role == "index_k" and rids:
-                    topk = self._topk_changed(info, obs, ref_reads[entry["op"]], rids)
-                    topk_changed += bool(topk)
-            # the oracle: did each request see its own tokens' KV (in any order)?
-            kv_wrong = {rid for rid, (req, n_ctx) in made_for.items()
-                        if rid in info.entries and self.oracle.check_read(info, obs, req, n_ctx).any()}
-            wrong |= kv_wrong
-            wrong_reads += bool(kv_wrong)
-            if rids or kv_wrong:
-                status = entry["status"] if rids else "wrong-kv"
-                corrupted.append({"op": entry["op"], "layer": info.layer, "reader": info.reader, "role": info.role,
-                                  "buffer": info.buffer, "status": status, "waited": info.waited,
-                                  "consumer_index": consumer, "requests": sorted(rids | kv_wrong),
-                                  "wrong_kv_requests": sorted(kv_wrong), "topk_changed": topk})
-        corrupted_rids = raced | wrong
+        t = self._tally
+        if self.keep == "all":
+            ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)
+            rep = analyse(run, reference=ref, race_limit=None)
+            self.report = rep       # the verdicts of the run (sim.verdicts.analyse), e.g. for a trace
+            ref_reads = {r.op_id: r for r in ref.reads}
+            obs_reads = {r.op_id: r for r in run.reads}
+            for entry in rep["reads"]:
+                self._judge(entry["op"], entry["status"], obs_reads[entry["op"]], ref_reads[entry["op"]])
+            t.reads, t.stale, t.torn = rep["reads_total"], rep["stale_reads"], rep["torn_reads"]
+            races, races_total = rep["latent_races"], rep["latent_races_total"]
+            oob = len(rep["oob_writes"])
+        else:
+            # NOTE: straight from the online verdicts (every race listed: the session's
+            # race_limit is None); analyse's report would also digest every buffer, which the
+            # result does not need
+            races, races_total = run.online.races.listed(None), run.online.races.total
+            oob = sum(o["side"] == "dst" for o in run.oob)
+        corrupted_rids = t.raced | t.wrong
         by_buf: dict[str, int] = {}
-        for race in rep["latent_races"]:
+        for race in races:
             by_buf[race["buffer"]] = by_buf.get(race["buffer"], 0) + 1
         total = self.driver.requests_released
         return EngineResult(
             scenario=self.scenario.name, seed=self.seed, layers=self.model.n_layers, requests_total=total,
             requests_completed=len(self.completed), requests_corrupted=len(corrupted_rids),
-            corrupted_fraction=len(corrupted_rids) / total if total else 0.0, reads_total=rep["reads_total"],
-            stale_reads=rep["stale_reads"], torn_reads=rep["torn_reads"], latent_races=rep["latent_races_total"],
-            latent_races_by_buffer=dict(sorted(by_buf.items())), oob_writes=len(rep["oob_writes"]),
+            corrupted_fraction=len(corrupted_rids) / total if total else 0.0, reads_total=t.reads,
+            stale_reads=t.stale, torn_reads=t.torn, latent_races=races_total,
+            latent_races_by_buffer=dict(sorted(by_buf.items())), oob_writes=oob,
             load_backs=self.counts["load_backs"], load_back_tokens=self.counts["load_back_tokens"],
             backups=s.controller.writes_started, batches=self.counts["batches"], branches=s.branches,
-            sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=corrupted,
+            sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=t.corrupted,
             ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
-            hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(raced),
-            requests_wrong_kv=len(wrong), wrong_kv_reads=wrong_reads, oracle_entries=self.oracle.entries_checked,
-            index_k_topk_changed=topk_changed)
+            hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(t.raced),
+            requests_wrong_kv=len(t.wrong), wrong_kv_reads=t.wrong_reads, oracle_entries=self.oracle.entries_checked,
+            index_k_topk_changed=t.topk_changed)
 
     @staticmethod
     def _read_bytes(read, info) -> np.ndarray:
@@ -681,10 +747,14 @@ class PrefillEngine:
 
 
 def run_prefill_engine(scenario, seed: int | None = None, *, overrides=(), layers: int | None = None,
-                       device_tokens: int | None = None, materialise: bool = False) -> EngineResult:
+                       device_tokens: int | None = None, materialise: bool = False,
+                       keep: str = "report") -> EngineResult:
     """Run ``scenario`` (a :class:`Scenario`, a shipped name or a TOML path, with ``--set``
-    style ``overrides``) through one :class:`PrefillEngine`; ``seed`` overrides ``run.seed``."""
+    style ``overrides``) through one :class:`PrefillEngine`; ``seed`` overrides ``run.seed``;
+    ``keep`` (default ``"report"``: streaming verdicts, memory flat in the run's length) as
+    :class:`PrefillEngine`'s."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     if isinstance(scenario, Scenario) and overrides:
         raise InputError("overrides", "expected no overrides with a Scenario object (apply them when loading)")
-    return PrefillEngine(sc, seed, layers=layers, device_tokens=device_tokens, materialise=materialise).run()
+    return PrefillEngine(sc, seed, layers=layers, device_tokens=device_tokens, materialise=materialise,
+                         keep=keep).run()

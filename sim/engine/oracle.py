@@ -57,6 +57,28 @@ class KVOracle:
         self.content: dict[tuple, int] = {}          # (kind, owner, unit) -> content key id
         self._ids: dict[tuple, int] = {}             # content key -> id
         self.entries_checked = 0
+        self._table = None                           # the origin table _fields mirrors
+        self._fields = tuple(np.zeros(0, np.int64) for _ in range(4))   # owner, layer, unit bytes, kind code
+        self._kinds: dict[str, int] = {}
+
+    def _kind_code(self, kind: str) -> int:
+        return self._kinds.setdefault(kind, len(self._kinds))
+
+    def _origin_fields(self, table) -> tuple:
+        """Per origin id of ``table`` (the run's ``OriginTable``): owner, layer, unit bytes
+        and a code of its kind, as arrays (extended as the table grows: origins are
+        immutable and their ids dense)."""
+        if table is not self._table:
+            self._table, self._fields = table, tuple(np.zeros(0, np.int64) for _ in range(4))
+        have = len(self._fields[0])
+        n = len(table) if table is not None else 0
+        if n > have:
+            new = [table[i] for i in range(have, n)]
+            add = (np.array([o.owner for o in new], np.int64), np.array([o.layer for o in new], np.int64),
+                   np.array([o.unit_bytes for o in new], np.int64),
+                   np.array([self._kind_code(o.kind) for o in new], np.int64))
+            self._fields = tuple(np.concatenate([f, x]) for f, x in zip(self._fields, add))
+        return self._fields
 
     def _page_tokens(self, role: str) -> int:
         return self.buffers[role][1].entries_per_unit * self.ratios[role]
@@ -95,53 +117,88 @@ class KVOracle:
         """For a read (``ReadInfo``) made for ``req`` (``info.entries[req.rid]``, in sequence
         order, ``n_ctx`` tokens computed) and its observed views: a bool per entry, True where
         some pool layer's entry holds bytes that are not ``req``'s KV."""
-        ent = np.asarray(info.entries[req.rid], np.int64)
-        if not len(ent):
-            return np.zeros(0, bool)
+        return self.check_reads(info, obs_read, {req.rid: (req, n_ctx)})[req.rid]
+
+    def check_reads(self, info, obs_read, made_for: Mapping[int, tuple], contents=None) -> dict[int, np.ndarray]:
+        """:meth:`check_read` for every request ``rid -> (req, n_ctx)`` of ``made_for`` that
+        the read has entries for, at once (the views are looked up once for all of them):
+        ``{rid: bool per entry}``.  ``contents``: the read's buffer (a ``CompactBuffer``)
+        holding, at the read's offsets, exactly what its views saw (the buffer at the instant
+        of the read, when no copy into it was in flight); looked up once instead of per view."""
         name, lay = self.buffers[info.role]
         kind = self.kinds[name]
         r = self.ratios[info.role]
-        want = self.expected(req, info.role, np.arange(len(ent), dtype=np.int64) * r + (r - 1), n_ctx)
+        nf = len(lay.effective_fields)
+        out: dict[int, np.ndarray] = {}
+        rids, sizes = [], []
+        offs, in_unit, entry, pls, want = [], [], [], [], []
+        base = 0
+        for rid, (req, n_ctx) in made_for.items():
+            if rid not in info.entries:
+                continue
+            ent = np.asarray(info.entries[rid], np.int64)
+            if not len(ent):
+                out[rid] = np.zeros(0, bool)
+                continue
+            w = self.expected(req, info.role, np.arange(len(ent), dtype=np.int64) * r + (r - 1), n_ctx)
+            unit_dest = ent // lay.entries_per_unit
+            for pl in info.pool_layers:
+                o, _ = lay.token_extents(pl, ent)                    # (entries, fields)
+                offs.append(o.ravel())
+                in_unit.append((o - lay.unit_offsets(pl, unit_dest)[:, None]).ravel())
+                e = np.repeat(np.arange(len(ent)), nf)
+                entry.append(base + e)
+                want.append(w[e])
+                pls.append(np.full(o.size, pl, np.int64))
+            rids.append(rid)
+            sizes.append(len(ent))
+            base += len(ent)
+            self.entries_checked += len(ent) * len(info.pool_layers)
+        if not rids:
+            return out
+        offs, in_unit, entry, pls, want = (np.concatenate(x) for x in (offs, in_unit, entry, pls, want))
+        if contents is not None:
+            lo, hi = int(offs.min()), int(offs.max()) + 1
+            p = contents.pieces(lo, hi - lo)
+            i = np.searchsorted(p.start, offs, side="right") - 1
+            oid = np.asarray(p.origin_id)[i]
+            so = np.asarray(p.stream_offset)[i] + offs - np.asarray(p.start)[i]
+            return self._verdict(kind, contents.table, offs, oid, so, in_unit, entry, pls, want, base, rids,
+                               sizes, out)
         views = sorted(obs_read.views, key=lambda v: v.offset)
         v_off = np.array([v.offset for v in views], np.int64)
-        unit_dest = ent // lay.entries_per_unit
-        nf = len(lay.effective_fields)
-        offs, in_unit, entry, pls = [], [], [], []
-        for pl in info.pool_layers:
-            o, _ = lay.token_extents(pl, ent)                    # (entries, fields)
-            offs.append(o.ravel())
-            in_unit.append((o - lay.unit_offsets(pl, unit_dest)[:, None]).ravel())
-            entry.append(np.repeat(np.arange(len(ent)), nf))
-            pls.append(np.full(o.size, pl, np.int64))
-        offs, in_unit, entry, pls = (np.concatenate(x) for x in (offs, in_unit, entry, pls))
+        # NOTE: the sampled offsets grouped by the view holding them (one sort), each view's
+        # pieces looked up once for every request of the read, and the origins' fields read
+        # from per-table arrays: per-view boolean masks per request were O(views x offsets)
         k = np.searchsorted(v_off, offs, side="right") - 1
-        owner = np.full(offs.size, -1, np.int64)
-        okind = np.zeros(offs.size, bool)
-        layer = np.full(offs.size, -1, np.int64)
-        u_src = np.zeros(offs.size, np.int64)
-        b_src = np.full(offs.size, -1, np.int64)
-        for kk in np.unique(k).tolist():
-            m = k == kk
+        order = np.argsort(k, kind="stable")
+        ks = k[order]
+        cuts = np.flatnonzero(np.diff(ks)) + 1
+        oid = np.empty(offs.size, np.int64)
+        so = np.empty(offs.size, np.int64)
+        for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, ks.size].tolist()):
+            kk = int(ks[a])
+            idx = order[a:b]
             v = views[kk]
             p = v.compact.pieces(0, v.compact.nbytes)
-            rel = offs[m] - v_off[kk]
+            rel = offs[idx] - v_off[kk]
             i = np.searchsorted(p.start, rel, side="right") - 1
-            oid = np.asarray(p.origin_id)[i]
-            so = np.asarray(p.stream_offset)[i] + rel - np.asarray(p.start)[i]
-            ow, ki, la, ub = (np.empty(len(i), np.int64) for _ in range(4))
-            kb = np.empty(len(i), bool)
-            for x in np.unique(oid).tolist():
-                og = v.compact.table[int(x)]
-                sel = oid == x
-                ow[sel], la[sel], ub[sel], kb[sel] = og.owner, og.layer, og.unit_bytes, og.kind == kind
-            owner[m], layer[m], okind[m] = ow, la, kb
-            u_src[m], b_src[m] = np.divmod(so, ub)
+            oid[idx] = np.asarray(p.origin_id)[i]
+            so[idx] = np.asarray(p.stream_offset)[i] + rel - np.asarray(p.start)[i]
+        return self._verdict(kind, views[0].compact.table, offs, oid, so, in_unit, entry, pls, want, base, rids,
+                           sizes, out)
+
+    def _verdict(self, kind, table, offs, oid, so, in_unit, entry, pls, want, base, rids, sizes, out) -> dict:
+        """The check of every sampled offset, from the origin id and stream offset of its byte."""
+        og_owner, og_layer, og_ub, og_kind = self._origin_fields(table)
+        owner, layer, ub = og_owner[oid], og_layer[oid], og_ub[oid]
+        okind = og_kind[oid] == self._kind_code(kind)
+        u_src, b_src = np.divmod(so, ub)
         ok = (owner >= 0) & okind & (layer == pls) & (b_src == in_unit)
         # the content of each distinct (owner, source unit, expected key) once; the triple is
         # packed into one int64 when it fits, so the dedup is a 1-D sort (the row-wise unique
         # of the triples is several times slower)
-        w = want[entry]
-        o, u, k = owner[ok], u_src[ok], w[ok]
+        o, u, k = owner[ok], u_src[ok], want[ok]
         if o.size:
             n_u, n_k = int(u.max()) + 1, int(k.max()) + 1
             if (int(o.max()) + 1) * n_u * n_k < self.PACK_LIMIT:
@@ -153,7 +210,8 @@ class KVOracle:
                 triples = uniq.tolist()
             good = np.array([self.content.get((kind, a, b)) == c for a, b, c in triples], bool)
             ok[np.flatnonzero(ok)] = good[inv.ravel()]
-        bad = np.zeros(len(ent), bool)
+        bad = np.zeros(base, bool)
         np.logical_or.at(bad, entry, ~ok)
-        self.entries_checked += len(ent) * len(info.pool_layers)
-        return bad
+        for rid, a, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
+            out[rid] = bad[a:a + n]
+        return out
