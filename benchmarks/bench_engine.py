@@ -1,13 +1,15 @@
 """The engine at scale: wall time and peak memory of `kvrace run` on a scenario, one core.
 
     python benchmarks/bench_engine.py [SCENARIO] [--set key=value]... [--durations 1 3 10]
-                                      [--json OUT]
+                                      [--keep report|all] [--json OUT]
 
 Runs ``SCENARIO`` (default ``incident-short``) once per simulated duration, each in a fresh
 child process (so peak RSS is that run's), and prints per run: simulated seconds, wall and
 CPU seconds (simulation and verdicts; CPU time is what a shared machine cannot inflate), the
 ratio of simulated time to CPU time, peak RSS, requests, ops issued, and the corrupted
-requests.  Issue 9's target is 10 simulated minutes of
+requests.  ``--keep report`` (default) is the streaming engine ``kvrace run`` uses;
+``--keep all`` keeps the whole run and judges it at the end (the engine's path before
+streaming, and what ``--export-races`` / ``--trace`` still use).  Issue 9's target is 10 simulated minutes of
 ``incident`` in at most 60 s and 2 GiB on one core.
 """
 from __future__ import annotations
@@ -22,20 +24,21 @@ import sys
 import time
 
 
-def _one(scenario: str, sets: list[str], duration: float, q) -> None:
+def _one(scenario: str, sets: list[str], duration: float, keep: str, q) -> None:
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
 
     t0 = time.perf_counter()
     c0 = time.process_time()
-    e = PrefillEngine(load_scenario(scenario, [*sets, f"run.duration_s={duration}"]))
+    e = PrefillEngine(load_scenario(scenario, [*sets, f"run.duration_s={duration}"]), keep=keep)
     r = e.run()
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    q.put({"scenario": scenario, "set": sets, "duration_s": duration, "sim_time_s": r.sim_time_s,
+    q.put({"scenario": scenario, "set": sets, "keep": keep, "duration_s": duration, "sim_time_s": r.sim_time_s,
            "wall_s": wall, "cpu_s": cpu, "sim_per_wall": r.sim_time_s / wall, "sim_per_cpu": r.sim_time_s / cpu,
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-           "ops": len(e.session.finish().schedule.ops), "requests": r.requests_total,
+           "ops": e.session.finish().n_ops, "requests": r.requests_total, "batches": r.batches,
+           "forwards_one_step": r.forwards_one_step, "reads": r.reads_total,
            "requests_corrupted": r.requests_corrupted, "load_backs": r.load_backs, "layers": r.layers})
 
 
@@ -44,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("scenario", nargs="?", default="incident-short")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--durations", type=float, nargs="+", default=[1.0, 3.0, 10.0])
+    ap.add_argument("--keep", choices=["report", "all"], default="report")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
@@ -52,18 +56,23 @@ def main(argv=None) -> int:
           f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, load {os.getloadavg()[0]:.1f}")
     for d in a.durations:
         q = ctx.Queue()
-        p = ctx.Process(target=_one, args=(a.scenario, a.set, d, q))
+        p = ctx.Process(target=_one, args=(a.scenario, a.set, d, a.keep, q))
         p.start()
         row = q.get()
         p.join()
         rows.append(row)
-        print(f"{a.scenario} {' '.join(a.set)} sim {row['sim_time_s']:.2f} s: wall {row['wall_s']:.1f} s, "
+        print(f"{a.scenario} {' '.join(a.set)} keep={a.keep} sim {row['sim_time_s']:.2f} s: wall {row['wall_s']:.1f} s, "
               f"CPU {row['cpu_s']:.1f} s ({row['sim_per_cpu']:.3f} x real time per CPU s), peak RSS {row['peak_rss_mib']:.0f} MiB, "
               f"{row['ops']} ops, {row['requests']} requests ({row['requests_corrupted']} corrupted), "
               f"{row['load_backs']} load-backs", flush=True)
     if a.json:
+        from provenance import command, git_commit     # benchmarks/, the script's own folder
+
+        doc = {"command": command(), "commit": git_commit(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+               "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}",
+               "load_average": os.getloadavg(), "rows": rows}
         with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump(doc, f, indent=1)
     return 0
 
 
