@@ -713,7 +713,7 @@ class OnlineClocks:
         self.stream_idx = {n: i for i, n in enumerate(names)}
         self.host_idx = {h: len(names) + i for i, h in enumerate(hosts)}
         self.n_comp = len(names) + len(self.host_idx)
-        self.count = np.zeros(self.n_comp, np.int64)
+        self.count = [0] * self.n_comp                        # ops so far per component
         self.hc = {h: np.zeros(self.n_comp, np.int64) for h in hosts}
         self.last: dict[str, tuple[int, np.ndarray]] = {}     # stream -> (op index, clock)
         self.records: dict[str, tuple[int, np.ndarray]] = {}  # event -> (latest record index, clock)
@@ -748,8 +748,8 @@ class OnlineClocks:
             k = self.host_idx[op.host]
             for t in op.sync_targets:
                 np.maximum(c, self._by_index[t], out=c)
-        self.count[k] += 1
-        c[k] = self.count[k]
+        n = self.count[k] = self.count[k] + 1
+        c[k] = n
         if op.stream is not None:
             if prev is not None:
                 self._drop(prev[0])
@@ -771,7 +771,7 @@ class OnlineClocks:
                 for h in op.hosts:
                     self.hc[h] = np.maximum(self.hc[h], inst[0])
                 del self._barrier[op.barrier]
-        return k, int(c[k]), c
+        return k, n, c
 
     def floor(self) -> np.ndarray:
         """A lower bound of the clock of every op issued from now on: a later op of

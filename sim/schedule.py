@@ -661,6 +661,7 @@ class ScheduleBuilder:
                 raise InputError(f"{w}.device", f"expected 0..{MAX_DEVICE} (MAX_DEVICE), got {device}")
             self.streams[sname] = device
         self.events = tuple(_name_list(doc, "events", MAX_EVENTS, "MAX_EVENTS", default=[]))
+        self._event_set = frozenset(self.events)     # membership per op (a tuple scan costs O(events))
         self.hosts = tuple(_name_list(doc, "hosts", MAX_HOSTS, "MAX_HOSTS", default=[DEFAULT_HOST]))
         if not (len(self.hosts) > 0):
             raise InputError("hosts", "expected at least one host")
@@ -810,7 +811,7 @@ class ScheduleBuilder:
     def _bind(self, op, d, w) -> None:
         """Bind an event op to the latest record of its event issued before it; with
         none, note it (CUDA: a no-op wait/synchronize, a query that reports complete)."""
-        op.event = _name(d, "event", w, self.events, "event")
+        op.event = _name(d, "event", w, self._event_set, "event")
         op.bound_record = self._last_record.get(op.event)
         if op.bound_record is None:
             self.unbound.append({"op": op.id, "kind": op.op, "event": op.event, "host": op.host,
@@ -818,7 +819,7 @@ class ScheduleBuilder:
 
     def _parse_record(self, op, d, w, common):
         _keys(d, self._allowed[op.op], w)
-        op.event = _name(d, "event", w, self.events, "event")
+        op.event = _name(d, "event", w, self._event_set, "event")
         self._last_record[op.event] = op.index
 
     def _parse_wait(self, op, d, w, common):
@@ -959,37 +960,56 @@ class _DigestStream:
 
 class _IdSet:
     """The op ids seen, for the duplicate check of a run that keeps no ops: recent ids
-    in a set, older ones as sorted 64-bit hashes (8 bytes an id, not a string).
+    in a set, older ones as sorted 64-bit hashes (8 bytes an id, not a string), with a
+    one-hash Bloom filter of the old hashes (16 bits an id, so about 6 % of the ids not
+    seen reach the sorted array) in front of the binary search.
 
     NOTE: two different ids whose 64-bit hashes (Python's ``hash``, fixed within a process,
     which is all one run needs) collide would be refused as a duplicate; at a million ids
-    the chance is about 3e-8."""
+    the chance is about 3e-8.  The filter only skips searches that would find nothing."""
 
     RECENT = 1 << 14
+    BLOOM_BITS_PER_ID = 16
 
     def __init__(self):
         self._recent: set[str] = set()
-        self._old = np.zeros(0, dtype=np.uint64)
+        self._old = np.zeros(0, dtype=np.int64)
+        self._bits = np.zeros(1, dtype=np.uint8)
+        self._bloom = memoryview(self._bits)
+        self._mask = 0                                    # byte index mask of the filter
 
     @staticmethod
     def _hash(s: str) -> int:
-        return hash(s) & 0xFFFF_FFFF_FFFF_FFFF
+        return hash(s)
 
     def __contains__(self, s: str) -> bool:
         if s in self._recent:
             return True
         if not self._old.size:
             return False
-        h = np.uint64(self._hash(s))
-        k = int(np.searchsorted(self._old, h))
-        return k < self._old.size and self._old[k] == h
+        h = hash(s)
+        if not (self._bloom[(h >> 3) & self._mask] >> (h & 7)) & 1:
+            return False
+        k = int(self._old.searchsorted(h))
+        return k < self._old.size and int(self._old[k]) == h
 
     def add(self, s: str) -> None:
         self._recent.add(s)
         if len(self._recent) >= self.RECENT:
-            new = np.fromiter((self._hash(x) for x in self._recent), np.uint64, len(self._recent))
+            new = np.fromiter((hash(x) for x in self._recent), np.int64, len(self._recent))
             self._old = np.sort(np.concatenate([self._old, new]))
+            nbytes = 1 << max(0, (self._old.size * self.BLOOM_BITS_PER_ID // 8 - 1).bit_length())
+            if nbytes != self._bits.size:             # grown: rebuild from every old hash
+                self._bits = np.zeros(nbytes, dtype=np.uint8)
+                self._mask = nbytes - 1
+                self._set_bits(self._old)
+                self._bloom = memoryview(self._bits)
+            else:
+                self._set_bits(new)
             self._recent = set()
+
+    def _set_bits(self, h: np.ndarray) -> None:
+        np.bitwise_or.at(self._bits, (h >> 3) & self._mask, (np.uint8(1) << (h & 7).astype(np.uint8)))
 
 
 def _name_list(doc: dict, key: str, limit: int, limit_name: str, *, default) -> list[str]:
