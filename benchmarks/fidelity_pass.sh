@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # GPU fidelity pass (issue 12) on a GPU machine; writes under $OUT (or ./out).
+#   bash benchmarks/fidelity_pass.sh scan      # race-window scans only
 #   bash benchmarks/fidelity_pass.sh measure   # race-window scans + free sweeps measured (no prediction)
 #   bash benchmarks/fidelity_pass.sh verify    # GPU agreement test + free sweeps with predictions
 # Every file it writes names its command and commit (KVRACE_COMMIT when the tree has no .git).
@@ -18,7 +19,11 @@ step() {  # step NAME TIMEOUT_S CMD...: run CMD, log to $OUT/NAME.log with its c
 }
 { nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u; nproc; } > "$OUT/gpu.txt"
 EX=examples/index_k_ungated_race.json
-if [ "$PHASE" = measure ]; then
+if [ "$PHASE" = scan ]; then
+  step spread 240 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
+    --budget-s 12 --out "$OUT/spread.json" \
+    --command "python -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX --budget-s 12" --commit "$COMMIT"
+elif [ "$PHASE" = measure ]; then
   step spread 200 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
     --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 12 --out "$OUT/spread.json" \
     --command "python -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 12" --commit "$COMMIT"

@@ -9,8 +9,9 @@ move the kernels they time), with the compute op's spin kernel set to ``c`` micr
 records whether the read was stale (its bytes differ from the happens-before order's).  Over
 the trials at each ``c`` this is ``S(c) = P(Z > c)``: the survival function of the race window
 ``Z``, the time by which the copy's last byte lands after the point where a read issued with no
-compute would read.  A coarse pass over ``0.5 .. 2 x (simulated copy end) + 20 us`` finds where
-``S`` falls from 1 to 0, a fine pass measures that stretch with more trials.
+compute would read.  A coarse pass over ``0.5 .. 1.5 x (the copy's end) + 15 us`` (its end: the
+median of three timed runs after the start gate) finds where ``S`` falls from 1 to 0, a fine
+pass measures that stretch with more trials.
 
 Then, with ``c`` near the median of ``Z``, ``timed_trials`` runs with CUDA events around every
 op give the copy's duration per run (start to end event), the spread of the copy's rate.
@@ -33,8 +34,9 @@ __all__ = ["race_doc", "scan_shapes", "measure_shape", "measure_spread", "main"]
 
 #: (bytes per token, tokens) of the sweep's copies that each provider's scan measures: copies of
 #: about 10 to 150 us, whose race window lies above 0 (a read with no compute would be stale)
-SCAN_SHAPES = {"sglang": [(256, 1024), (1024, 256), (128, 4096), (512, 4096)],
-               "builtin": [(136, 1024), (1024, 256), (128, 4096), (512, 4096)],
+SCAN_SHAPES = {"sglang": [(256, 256), (1024, 256), (256, 1024), (1024, 1024), (128, 4096), (512, 4096)],
+               "builtin": [(128, 64), (1024, 64), (256, 256), (1024, 256), (136, 1024), (1024, 1024),
+                           (128, 4096)],
                "torch": [(256, 64), (1024, 64)]}
 COMPUTE_PLACEHOLDER_US = 1.0
 
@@ -127,6 +129,8 @@ def measure_shape(doc: dict, provider, *, coarse_trials: int = 8, fine_trials: i
     runner = GpuSchedule(s, provider)
     spin = _SpinOverride(runner.kernels)
     runner.kernels = spin
+    pre = [runner.run(timings=True, final=False, guards=False).timings_us[copies[0]][1] for _ in range(3)]
+    gpu_end = float(np.median(pre))
     ref = run_reference(s)
     warm = runner.run(timings=False, final=False, guards=False)
     expected = {cap.op_id: gpu_expected_bytes(cap.views, ref.memory.table, guard_bytes=warm.guard_bytes,
@@ -151,7 +155,7 @@ def measure_shape(doc: dict, provider, *, coarse_trials: int = 8, fine_trials: i
             ks.append(stale_at(c, n))
         return True
 
-    cmax = 2.0 * sim_end + 20.0
+    cmax = 1.5 * max(gpu_end, sim_end) + 15.0
     coarse = np.linspace(0.5, cmax, 33)
     record(coarse, coarse_trials)
     frac = np.array(ks[:len(coarse)], float) / coarse_trials
@@ -179,7 +183,7 @@ def measure_shape(doc: dict, provider, *, coarse_trials: int = 8, fine_trials: i
         for key, v in (("copy_start_us", cs0), ("copy_end_us", ce0), ("read_start_us", rs0), ("read_end_us", re0),
                        ("compute_start_us", ks0), ("compute_end_us", ke0)):
             timed[key].append(round(float(v), 4))
-    return {"name": s.name, "doc": doc, "sim_copy_end_us": sim_end, "gate": runner.gate, "compute": spin.mode,
+    return {"name": s.name, "doc": doc, "sim_copy_end_us": sim_end, "gpu_copy_end_us": gpu_end, "gate": runner.gate, "compute": spin.mode,
             "scan": {"compute_us": [cs[i] for i in order], "trials": [ns[i] for i in order],
                      "stale": [ks[i] for i in order]},
             "timed": timed, "seconds": round(time.perf_counter() - t_start, 2)}
