@@ -752,10 +752,10 @@ class CompactBuffer:
         boundary where a neighbour block's segment could continue it.  Returns
         False (nothing written) otherwise."""
         lo, hi = ns[0], ne[-1]
-        if any(ne[i] != ns[i + 1] for i in range(len(ns) - 1)):
+        if len(ns) > 1 and any(ne[i] != ns[i + 1] for i in range(len(ns) - 1)):
             return False
-        k = self._block_of(lo)
         nblk = len(self._first)
+        k = 0 if nblk == 1 else int(self._first.searchsorted(lo, "right")) - 1
         end = int(self._first[k + 1]) if k + 1 < nblk else self.nbytes
         if hi > end or (hi == end and k + 1 < nblk):
             return False
@@ -786,7 +786,15 @@ class CompactBuffer:
         if q < n and last is not None and int(oid[q]) == last[1] \
                 and int(so[q]) == last[2] + (int(st[q]) - last[0]):
             q += 1
-        if out:
+        if len(out) == q - p:
+            # as many rows as they replace (a page over a page): copy and set, no concatenation
+            # (the arrays may be shared with other buffers: never written in place)
+            new_s, new_o, new_f = st.copy(), oid.copy(), so.copy()
+            for j, (a0, a1, a2) in enumerate(out, p):
+                new_s[j] = a0
+                new_o[j] = a1
+                new_f[j] = a2
+        elif out:
             a = np.array(out, dtype=_I64).reshape(-1, 3)
             new_s = np.concatenate((st[:p], a[:, 0], st[q:]))
             new_o = np.concatenate((oid[:p], a[:, 1], oid[q:]))

@@ -1,0 +1,77 @@
+"""The compact byte model's one-extent paths (``CompactBuffer.fill`` and ``copy_from`` with
+plain integers, which go through ``_pieces_small``/``_write_small``, including the
+same-row-count replacement that copies and sets instead of concatenating) give the
+provenance of the general vectorised path (the same extents given as arrays) and the
+bytes of a bytearray reference, with default and tiny blocks."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.bytes import CompactBuffer, Origin, OriginTable
+from sim.bytes.pattern import pattern_bytes
+from tests.test_bytes_models import check_coalesced
+
+UNIT = 16
+ORIGINS = [Origin("kv", 0, -1, 0, UNIT), Origin("kv", 1, 3, 1, UNIT), Origin("idx", 2, 5, 2, UNIT)]
+
+
+@pytest.fixture(params=[None, 2], ids=["blocks-default", "blocks-2"])
+def block_segments(request):
+    saved = CompactBuffer.block_segments
+    if request.param:
+        CompactBuffer.block_segments = request.param
+    yield
+    CompactBuffer.block_segments = saved
+
+
+# (kind, buffer, offset in units or bytes, length, origin / source buffer, stream or source offset)
+step = st.tuples(st.sampled_from(["fill", "copy"]), st.integers(0, 1), st.integers(0, 40), st.integers(1, 3),
+                 st.integers(0, 2), st.integers(0, 40), st.booleans())
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(step, min_size=1, max_size=40))
+def test_one_extent_writes_equal_the_vectorised_path_and_the_bytes(block_segments, steps):
+    size = 32 * UNIT
+    t = OriginTable()
+    fast = [CompactBuffer(size, t, ORIGINS[0]), CompactBuffer(size, t, ORIGINS[0], 7)]
+    slow = [CompactBuffer(size, t, ORIGINS[0]), CompactBuffer(size, t, ORIGINS[0], 7)]
+    ref = [bytearray(pattern_bytes(ORIGINS[0], 0, size).tobytes()),
+           bytearray(pattern_bytes(ORIGINS[0], 7, size).tobytes())]
+    for kind, b, off, n, o, so, aligned in steps:
+        # page-aligned (a page over a page: the same-row-count case) or any byte offset
+        d, ln = (off % 32 * UNIT, n * UNIT) if aligned else (off * 5 % (size - 1), n * 7)
+        ln = min(ln, size - d)
+        if kind == "fill":
+            fast[b].fill(d, ln, ORIGINS[o], so * UNIT)
+            slow[b].fill(np.array([d, d]), np.array([ln, ln]), ORIGINS[o], np.array([so * UNIT, so * UNIT]))
+            ref[b][d:d + ln] = pattern_bytes(ORIGINS[o], so * UNIT, ln).tobytes()
+        else:
+            src = 1 - b if o else b
+            s = (so % 32) * UNIT if aligned else so * 3 % (size - ln + 1)
+            s = min(s, size - ln)
+            fast[b].copy_from(fast[src], s, d, ln)
+            slow[b].copy_from(slow[src], np.array([s]), np.array([d]), np.array([ln]))
+            data = bytes(ref[src][s:s + ln])
+            ref[b][d:d + ln] = data
+        for f, w, r in zip(fast, slow, ref):
+            check_coalesced(f)
+            assert f.coalesced_segments()[0].tolist() == w.coalesced_segments()[0].tolist()
+            assert [x.tolist() for x in f.coalesced_segments()] == [x.tolist() for x in w.coalesced_segments()]
+            assert f.materialise().tobytes() == bytes(r)
+
+
+def test_a_page_over_a_page_keeps_the_row_count_and_shares_no_array():
+    t = OriginTable()
+    buf = CompactBuffer(8 * UNIT, t, ORIGINS[0])
+    buf.fill(2 * UNIT, UNIT, ORIGINS[1], 0)
+    before = [a for a in buf._bs]
+    view = buf.slice(0, 8 * UNIT)                 # may share arrays with buf
+    n = buf.segment_count()
+    buf.fill(2 * UNIT, UNIT, ORIGINS[2], 4 * UNIT)    # replaces exactly one row
+    assert buf.segment_count() == n
+    assert all(a is not b for a, b in zip(buf._bs, before))
+    assert view.materialise().tobytes() == (pattern_bytes(ORIGINS[0], 0, 2 * UNIT).tobytes()
+                                            + pattern_bytes(ORIGINS[1], 0, UNIT).tobytes()
+                                            + pattern_bytes(ORIGINS[0], 3 * UNIT, 5 * UNIT).tobytes())
