@@ -75,3 +75,35 @@ def test_a_page_over_a_page_keeps_the_row_count_and_shares_no_array():
     assert view.materialise().tobytes() == (pattern_bytes(ORIGINS[0], 0, 2 * UNIT).tobytes()
                                             + pattern_bytes(ORIGINS[1], 0, UNIT).tobytes()
                                             + pattern_bytes(ORIGINS[0], 3 * UNIT, 5 * UNIT).tobytes())
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 31), st.integers(1, 40), st.integers(0, 2), st.integers(0, 99)),
+                max_size=12), st.integers(0, 511), st.integers(1, 64), st.sampled_from(["read", "write", "pickle"]))
+def test_a_small_view_is_the_buffer_its_segments_make(fills, off, n, then):
+    """A slice of a few segments (``_SmallView``, arrays made on demand) answers every query
+    as ``CompactBuffer._from_segments`` of the same segments, before and after a write."""
+    import pickle
+
+    from sim.bytes.compact import _SmallView
+    t = OriginTable()
+    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
+    for d, ln, o, so in fills:
+        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    n = min(n, 32 * UNIT - off)
+    view = buf.slice(off, n)
+    p = buf.pieces(off, n)
+    plain = CompactBuffer._from_segments(n, t, p.start - off, p.origin_id, p.stream_offset)
+    assert view.small_runs() == plain.small_runs()
+    if isinstance(view, _SmallView) and then == "pickle":
+        view = pickle.loads(pickle.dumps(view))
+        assert view.table is not t
+        plain = pickle.loads(pickle.dumps(plain))
+    assert view.provenance_digest() == plain.provenance_digest()
+    if then == "write":
+        view.fill(0, 1, ORIGINS[2], 3)
+        plain.fill(0, 1, ORIGINS[2], 3)
+    assert [a.tolist() for a in view.segments()] == [a.tolist() for a in plain.segments()]
+    assert view.segment_count() == plain.segment_count() and view.small_runs() == plain.small_runs()
+    assert view.materialise().tobytes() == plain.materialise().tobytes()
+    assert view.provenance_digest() == plain.provenance_digest()

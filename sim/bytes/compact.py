@@ -622,8 +622,6 @@ class CompactBuffer:
             got = self._pieces_small(offset, offset + nbytes)
             if got is not None:
                 ps, _, po, pf = got
-                out = CompactBuffer._from_segments(nbytes, self.table, np.array(ps, _I64) - offset,
-                                                   np.array(po, _I64), np.array(pf, _I64))
                 if len(ps) <= self.SMALL_RUNS:       # what small_runs() would compute, at hand
                     runs, last = [], None
                     for a, o, f in zip(ps, po, pf):
@@ -631,8 +629,9 @@ class CompactBuffer:
                             continue
                         last = (a - offset, o, f)
                         runs.append(last)
-                    out._runs = runs
-                return out
+                    return _SmallView(nbytes, self.table, [a - offset for a in ps], po, pf, runs)
+                return CompactBuffer._from_segments(nbytes, self.table, np.array(ps, _I64) - offset,
+                                                    np.array(po, _I64), np.array(pf, _I64))
         p = self.pieces(offset, nbytes)
         return CompactBuffer._from_segments(nbytes, self.table, p.start - int(offset),
                                             p.origin_id, p.stream_offset)
@@ -736,6 +735,12 @@ class CompactBuffer:
             return None
         st = self._bs[k]
         i0 = int(st.searchsorted(lo, "right")) - 1
+        n = len(st)
+        if i0 + 1 == n or int(st[i0 + 1]) >= hi:
+            # inside one segment (st[i0] <= lo < hi <= the next start): no second search
+            s0 = int(st[i0])
+            a = lo if lo > s0 else s0
+            return [a], [hi], [int(self._bo[k][i0])], [int(self._bf[k][i0]) + a - s0]
         i1 = int(st.searchsorted(hi, "left"))
         if i1 - i0 > 8:
             return None
@@ -768,7 +773,9 @@ class CompactBuffer:
         last = (int(st[p - 1]), int(oid[p - 1]), int(so[p - 1])) if p else None
         rows = list(zip(ns, noid, nsoff))
         if hi < end:
-            r = int(st.searchsorted(hi, "right")) - 1
+            # the last segment starting at or before hi (st[i0] <= lo < hi: i0 when the next
+            # segment starts after hi, without a second search)
+            r = i0 if (i0 + 1 == n or int(st[i0 + 1]) > hi) else int(st.searchsorted(hi, "right")) - 1
             sr = int(st[r])
             if sr == hi:
                 q = r
@@ -821,3 +828,29 @@ class CompactBuffer:
             ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
         k0, k1, st, oid, soff, end = self._span(int(ns[0]), int(ne[-1]), pad=True)
         self._replace(k0, k1, *_window_write(st, oid, soff, end, ns, ne, noid, nsoff))
+
+
+class _SmallView(CompactBuffer):
+    """A slice of a few segments (a read's view): its segment lists are kept as Python
+    lists and made into the block arrays only when something needs them, so a view that
+    is only compared and digested by its runs (``small_runs``: an ``ok`` read) never
+    builds numpy arrays.  Once built it is an ordinary ``CompactBuffer`` (equal to
+    ``CompactBuffer._from_segments`` of the same segments: ``tests/test_speed_bytes.py``)."""
+
+    _LAZY = frozenset({"_bs", "_bo", "_bf", "_first"})
+
+    def __init__(self, nbytes: int, table: OriginTable, starts: list, oids: list, soffs: list, runs: list):
+        self.nbytes, self.table = nbytes, table
+        self._count = len(starts)
+        self._runs = runs
+        self._pending = (starts, oids, soffs)
+
+    def __getattr__(self, name):
+        # only called for attributes not set: the block arrays before they are built
+        if name not in _SmallView._LAZY or "_pending" not in self.__dict__:
+            raise AttributeError(name)
+        starts, oids, soffs = self.__dict__.pop("_pending")
+        st = np.array(starts, _I64)
+        self._bs, self._bo, self._bf = [st], [np.array(oids, _I64)], [np.array(soffs, _I64)]
+        self._first = st[:1].copy()
+        return self.__dict__[name]
