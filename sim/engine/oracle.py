@@ -202,7 +202,15 @@ class KVOracle:
         if o.size:
             n_u, n_k = int(u.max()) + 1, int(k.max()) + 1
             if (int(o.max()) + 1) * n_u * n_k < self.PACK_LIMIT:
-                uniq, inv = np.unique((o * n_u + u) * n_k + k, return_inverse=True)
+                # NOTE: neighbouring samples mostly share their triple (the entries and fields of
+                # one unit, in order), so runs of equal values are cut first (O(n)) and only the
+                # runs are sorted
+                packed = (o * n_u + u) * n_k + k
+                new_run = np.empty(packed.size, bool)
+                new_run[0] = True
+                np.not_equal(packed[1:], packed[:-1], out=new_run[1:])
+                uniq, inv_run = np.unique(packed[new_run], return_inverse=True)
+                inv = inv_run[np.cumsum(new_run) - 1]
                 uo, rest = np.divmod(uniq, n_u * n_k)
                 triples = zip(uo.tolist(), *(x.tolist() for x in np.divmod(rest, n_k)))
             else:
@@ -211,7 +219,7 @@ class KVOracle:
             good = np.array([self.content.get((kind, a, b)) == c for a, b, c in triples], bool)
             ok[np.flatnonzero(ok)] = good[inv.ravel()]
         bad = np.zeros(base, bool)
-        np.logical_or.at(bad, entry, ~ok)
+        bad[entry[~ok]] = True
         for rid, a, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
             out[rid] = bad[a:a + n]
         return out
