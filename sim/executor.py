@@ -421,7 +421,7 @@ class Executor:
         if not self.keep_all:
             from sim.verdicts import OnlineVerdicts     # verdicts imports this module
             self.online = OnlineVerdicts(buffers, streams, hosts, self.mem.table, race_limit=race_limit,
-                                         ops=static_ops, memo=self._memo)
+                                         ops=static_ops, memo=self._memo, memory=self.mem)
         for name in streams:
             self.env.process(self._stream(name, self.queues[name]))
 

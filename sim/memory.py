@@ -130,12 +130,42 @@ class Memory:
         self.table = table or OriginTable()
         self.compact: dict[str, CompactBuffer] = {}
         self.material: dict[str, MaterialBuffer] | None = {} if materialise else None
+        self._same_start: dict = {}            # (kind, layout) -> a buffer set up from them (see _init_buffer)
         for name, spec in buffers.items():
             self._init_buffer(name, spec)
+        self._same_start = {}
         self.arena = _arena(buffers)
+
+    def copy_compact(self) -> "Memory":
+        """A compact-only Memory holding this one's current contents, sharing its origin
+        table and specs, in O(blocks) per buffer (``CompactBuffer.clone``): how the
+        happens-before-order memory and the report's initial memory of a run start."""
+        out = Memory.__new__(Memory)
+        out.specs, out.table = self.specs, self.table
+        out.compact = {name: buf.clone() for name, buf in self.compact.items()}
+        out.material = None
+        out.arena = self.arena
+        return out
 
     # ---------------------------------------------------------------- setup
     def _init_buffer(self, name, spec):
+        # NOTE: buffers of one kind and layout with no init fills start with equal contents
+        # (every TP rank's pool): the first one's segments are shared (compact model only)
+        key = None
+        if self.material is None and not spec.init:
+            try:
+                key = (spec.kind, spec.layout)
+                first = self._same_start.get(key)
+            except TypeError:                       # a layout with an unhashable field
+                key = first = None
+            if first is not None:
+                self.compact[name] = first.clone()
+                return
+        self._init_buffer_models(name, spec)
+        if key is not None:
+            self._same_start[key] = self.compact[name].clone()
+
+    def _init_buffer_models(self, name, spec):
         lay = spec.layout
         ub = lay.unit_bytes
         probe = np.asarray(lay.unit_offsets(0, np.array([0, lay.units - 1])), dtype=np.int64)

@@ -549,12 +549,17 @@ class OnlineVerdicts:
     are listed up to ``race_limit`` (given to the run)."""
 
     def __init__(self, buffers: dict, streams, hosts, table, *, race_limit: int | None = RACE_LIMIT,
-                 ops: list | None = None, memo=None):
+                 ops: list | None = None, memo=None, memory: Memory | None = None):
         self.buffers = buffers
         # memo(plan, what, make): what the executor derives from copy plans, shared with it
         self._memo = memo if memo is not None else (lambda plan, what, make: make())
         self.race_limit = race_limit
-        self.ref = Memory(buffers, materialise=False, table=table)
+        # memory: the run's Memory before any op (its table is ``table``): the reference and
+        # the report's initial memory start as compact copies of it instead of being set up
+        if memory is not None and memory.table is not table:
+            raise InputError("memory", "expected the run's Memory, whose origin table is `table`")
+        self.ref = memory.copy_compact() if memory is not None else Memory(buffers, materialise=False, table=table)
+        self._initial = self.ref.copy_compact()
         self.clocks = OnlineClocks(streams, hosts)
         self.races = RaceTracker(self.clocks, race_limit, describe=self._race_entry)
         self._ops = ops                       # a static schedule's list (taken ahead, in list order)
@@ -665,7 +670,7 @@ class OnlineVerdicts:
         if self.race_limit is not None and (race_limit is None or race_limit > self.race_limit):
             raise InputError("race_limit", f"this run kept the first {self.race_limit} latent races; expected "
                              f"race_limit <= {self.race_limit} (give a larger race_limit to the run)")
-        initial = Memory(self.buffers, materialise=False, table=self.ref.table)
+        initial = self._initial
         races = [_race_report(self.buffers, e, e["ids"], e["kinds"], e["streams"], initial, self.ref)
                  for e in self.races.listed(race_limit)]
         s = run.schedule

@@ -538,6 +538,18 @@ class CompactBuffer:
     def __repr__(self) -> str:
         return f"CompactBuffer({self.nbytes} bytes, {self.segment_count()} segments)"
 
+    def clone(self) -> "CompactBuffer":
+        """An independent buffer with the same contents and table, in O(blocks): the block
+        arrays are shared (no operation writes a block array in place; every write
+        replaces the arrays of the blocks it spans), the lists holding them are not."""
+        out = CompactBuffer.__new__(CompactBuffer)
+        out.nbytes, out.table = self.nbytes, self.table
+        out._bs, out._bo, out._bf = list(self._bs), list(self._bo), list(self._bf)
+        out._first = self._first
+        out._count = self._count
+        out._runs = self._runs
+        return out
+
     # ---- queries ---------------------------------------------------------
     def segment_count(self) -> int:
         return self._count
