@@ -192,7 +192,10 @@ def test_batched_oracle_check_equals_the_per_request_check(name, sets):
             continue
         info, made_for = infos[obs.op_id]
         got = e.oracle.check_reads(info, obs, made_for)
-        # the same read, looked up in one buffer holding its bytes (the streaming fast path)
+        e.oracle.CHUNK_SAMPLES = 64                 # one request per group
+        assert {k: v.tolist() for k, v in e.oracle.check_reads(info, obs, made_for).items()} == \
+            {k: v.tolist() for k, v in got.items()}
+        del e.oracle.CHUNK_SAMPLES
         for rid, (req, n_ctx) in made_for.items():
             want = _reference_check_read(e.oracle, info, obs, req, n_ctx)
             assert np.array_equal(got[rid], want), (obs.op_id, rid)

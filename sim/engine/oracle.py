@@ -49,6 +49,8 @@ class KVOracle:
 
     #: (owner, unit, key) triples are packed into one int64 below this product of their ranges
     PACK_LIMIT = 1 << 62
+    #: sampled bytes checked at once (see check_reads)
+    CHUNK_SAMPLES = 1 << 18
 
     def __init__(self, buffers: Mapping[str, tuple], kinds: Mapping[str, str], ratios: Mapping[str, int]):
         self.buffers = dict(buffers)
@@ -121,10 +123,30 @@ class KVOracle:
 
     def check_reads(self, info, obs_read, made_for: Mapping[int, tuple], contents=None) -> dict[int, np.ndarray]:
         """:meth:`check_read` for every request ``rid -> (req, n_ctx)`` of ``made_for`` that
-        the read has entries for, at once (the views are looked up once for all of them):
-        ``{rid: bool per entry}``.  ``contents``: the read's buffer (a ``CompactBuffer``)
-        holding, at the read's offsets, exactly what its views saw (the buffer at the instant
-        of the read, when no copy into it was in flight); looked up once instead of per view."""
+        the read has entries for, in groups of requests of about :attr:`CHUNK_SAMPLES` sampled
+        bytes (the views are looked up once per group): ``{rid: bool per entry}``.
+        ``contents``: the read's buffer (a ``CompactBuffer``) holding, at the read's offsets,
+        exactly what its views saw (the buffer at the instant of the read, when no copy into it
+        was in flight); looked up once per group instead of per view."""
+        _, lay = self.buffers[info.role]
+        per_entry = len(lay.effective_fields) * len(info.pool_layers)
+        out: dict[int, np.ndarray] = {}
+        group, n = {}, 0
+        # NOTE: in groups, so the temporary arrays (about ten int64 per sampled byte) stay
+        # bounded whatever the batch's size and contexts
+        for rid, item in made_for.items():
+            if rid not in info.entries:
+                continue
+            group[rid] = item
+            n += len(info.entries[rid]) * per_entry
+            if n >= self.CHUNK_SAMPLES:
+                out.update(self._check_group(info, obs_read, group, contents))
+                group, n = {}, 0
+        if group:
+            out.update(self._check_group(info, obs_read, group, contents))
+        return out
+
+    def _check_group(self, info, obs_read, made_for: Mapping[int, tuple], contents) -> dict[int, np.ndarray]:
         name, lay = self.buffers[info.role]
         kind = self.kinds[name]
         r = self.ratios[info.role]
