@@ -64,7 +64,8 @@ _OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent"))},
 #     (Profile.launch_skew; it replaces launch_jitter_us for that context);
 #   <kind>_us: the same for every context of that kind without its own key;
 #   copy_rate_factor: drawn once per run (Profile.for_run); every copy's rate terms (h2d_gbps,
-#     d2h_gbps, warp_gbps) are divided by it for that run (> 0; 1.2 = copies 20 % slower).
+#     d2h_gbps, warp_gbps) are divided by it and item_overhead_us multiplied by it for that run
+#     (> 0; 1.2 = every round of a kernel copy 20 % longer).
 TIMING_KINDS = ("copy", "read", "write")
 TIMING_AFTER = ("compute", "wait", "record", "copy", "read", "write", "host", "first")
 MAX_QUANTILES = 1001
@@ -161,7 +162,9 @@ class Profile:
         """The profile one run uses, drawn from ``rng`` (the run's seeded generator) before the
         run starts, for terms that vary from run to run.  With ``timing.copy_rate_factor``: one
         factor ``f`` drawn from it, and the profile returned has ``h2d_gbps``, ``d2h_gbps`` and
-        ``warp_gbps`` divided by ``f`` and no rate-factor table (so it draws nothing more).
+        ``warp_gbps`` divided by ``f``, ``item_overhead_us`` multiplied by it (every round of a
+        kernel copy takes ``f`` times as long; launch and memcpy latency stay) and no rate-factor
+        table (so it draws nothing more).
         Without it: the profile itself, and no draw, so every run draws the same numbers as
         before this hook existed."""
         table = self.timing_table("copy_rate_factor")
@@ -170,7 +173,7 @@ class Profile:
         f = table.sample(rng)
         rest = tuple((k, t) for k, t in self.timing if k != "copy_rate_factor")
         return replace(self, h2d_gbps=self.h2d_gbps / f, d2h_gbps=self.d2h_gbps / f,
-                       warp_gbps=self.warp_gbps / f, timing=rest)
+                       warp_gbps=self.warp_gbps / f, item_overhead_us=self.item_overhead_us * f, timing=rest)
 
     def launch_skew(self, rng, kind: str, after: str | None) -> float:
         """The extra delay before a kernel of op ``kind`` (copy, read, write) starts, drawn from

@@ -131,7 +131,8 @@ def test_launch_skew_picks_the_context_then_the_kind_then_the_exponential():
 def test_for_run_draws_one_rate_factor_and_divides_the_rates():
     p = profile_from_dict(doc_with({"copy_rate_factor": [2.0]}))
     q = p.for_run(np.random.default_rng(0))
-    assert (q.h2d_gbps, q.d2h_gbps, q.warp_gbps) == (20.0, 25.0, 0.5)
+    assert (q.h2d_gbps, q.d2h_gbps, q.warp_gbps, q.item_overhead_us) == (20.0, 25.0, 0.5, 0.2)
+    assert (q.launch_us, q.memcpy_latency_us) == (p.launch_us, p.memcpy_latency_us)
     assert q.timing_table("copy_rate_factor") is None
     assert q.for_run(None) is q
     plain = profile_from_dict(copy.deepcopy(BASE))

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "read_skew_table",
+__all__ = ["QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "read_skew_table", "apply_to_profile_text", "main",
            "rate_factor_table", "fit_timing", "timing_toml"]
 
 #: the probabilities of the written tables: 0, 0.05, ..., 1
@@ -95,26 +95,62 @@ def _copy_end(doc: dict, profile) -> float:
     return max(float(e.max()) for e in run.item_end_us.values() if e.size)
 
 
-def read_skew_table(shapes: list[dict], profile, probs=QUANTILES) -> tuple[np.ndarray, float, list[dict]]:
-    """``(read skew quantiles, copy-after-wait constant m, per-shape rows)`` (module docstring,
-    step 3); ``profile`` is the refitted profile without skew tables."""
-    per, rows = [], []
+def read_skew_table(shapes: list[dict], profile, probs=QUANTILES, *, fit_rate: bool = False, center: bool = True
+                    ) -> tuple[np.ndarray, float, float, list[dict]]:
+    """``(read skew quantiles, copy-after-wait constant m, rate factor f, per-shape rows)``
+    (module docstring, steps 3 and 4); ``profile`` is the refitted profile without skew tables.
+
+    With ``fit_rate``: the median window of each shape is regressed on its simulated copy time
+    after launch, ``Z_med = f (E - launch_us) + launch_us - kernel_launch_us - R_med`` (least
+    squares over the uncensored shapes), and each shape's read skew is taken at that rate:
+    ``R(q) = f (E - launch_us) + launch_us - kernel_launch_us - Z(1 - q)``.  ``f`` is the copy's
+    rate as a concurrent read sees it, relative to the event-timed fit (events around the copy
+    add their own time; a read kernel launched while a large copy runs starts later)."""
+    per, rows, es, zs = [], [], [], []
     for sh in shapes:
         sc = sh["scan"]
         uc, s, _ = survival(sc["compute_us"], sc["trials"], sc["stale"])
-        if s[-1] > 0.05:
-            # NOTE: still stale at the largest c measured: the window's upper part is not observed
-            rows.append({"label": sh["label"], "censored": f"stale fraction {s[-1]:.2f} at c = {uc[-1]:.1f} us"})
+        if s[-1] > 0.05 or s[0] < 0.95:
+            # NOTE: still stale at the largest c measured, or already clean at the smallest: a
+            # tail of the window is not observed (c cannot go below 0), so the shape's quantiles
+            # would be clamped there; it is left out
+            rows.append({"label": sh["label"], "censored": f"stale fraction {s[0]:.2f} at c = {uc[0]:.1f} us, "
+                                                           f"{s[-1]:.2f} at c = {uc[-1]:.1f} us"})
             continue
         z = window_quantiles(sc["compute_us"], sc["trials"], sc["stale"], probs)
         e = _copy_end(sh["doc"], profile)
-        r = e - profile.kernel_launch_us - z[::-1]
-        per.append(r)
-        rows.append({"label": sh["label"], "sim_copy_end_us": e, "z_median_us": float(np.interp(0.5, probs, z)),
-                     "read_skew_median_us": float(np.interp(0.5, probs, r))})
-    pooled = np.maximum.accumulate(np.mean(per, axis=0))
+        per.append(z)
+        es.append(e)
+        zs.append(float(np.interp(0.5, probs, z)))
+        rows.append({"label": sh["label"], "sim_copy_end_us": e, "z_median_us": zs[-1]})
+    L, kl = profile.launch_us, profile.kernel_launch_us
+    x = np.asarray(es) - L
+    f = 1.0
+    if fit_rate and len(es) >= 2 and np.ptp(x) > 0:
+        A = np.stack([x, -np.ones_like(x)], axis=1)
+        f, _ = np.linalg.lstsq(A, np.asarray(zs) - (L - kl), rcond=None)[0]
+        f = float(f)
+    skews = []
+    live = iter(range(len(per)))
+    for row in rows:
+        if "censored" in row:
+            continue
+        i = next(live)
+        r = f * x[i] + L - kl - per[i][::-1]
+        skews.append(r)
+        row["read_skew_median_us"] = float(np.interp(0.5, probs, r))
+    skews = np.asarray(skews)
+    mid = np.array([np.interp(0.5, probs, r) for r in skews])
+    if center:
+        # NOTE: each shape's skew about its own median, pooled, then moved to the shapes' median
+        # median: the spread within a shape is the GPU's; the shapes' different medians are the
+        # copy model's error at those shapes, which a wider table would only smear
+        pooled = np.mean(skews - mid[:, None], axis=0) + float(np.median(mid))
+    else:
+        pooled = np.mean(skews, axis=0)
+    pooled = np.maximum.accumulate(pooled)
     m = max(0.0, -float(pooled.min()))
-    return pooled + m, m, rows
+    return pooled + m, m, f, rows
 
 
 def rate_factor_table(shapes: list[dict], probs=QUANTILES, min_us: float = 30.0) -> np.ndarray | None:
@@ -130,7 +166,8 @@ def rate_factor_table(shapes: list[dict], probs=QUANTILES, min_us: float = 30.0)
     return np.quantile(np.concatenate(ratios), probs)
 
 
-def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None, *, fixed_link: bool = False) -> dict:
+def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None, *, fixed_link: bool = False,
+               fit_rate: bool = False, center: bool = True) -> dict:
     """Everything the profile gets from one provider's scans: the refitted link keys, the
     ``[timing]`` tables and the per-shape diagnostics."""
     from dataclasses import replace
@@ -159,14 +196,15 @@ def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None,
         link = refit_link(n, ib, us, base_profile.resident_warps)
         prof = replace(prof, h2d_gbps=link["gbps"], warp_gbps=link["warp_gbps"], launch_us=link["launch_us"],
                        item_overhead_us=link["item_overhead_us"])
-    skew, m, rows = read_skew_table(shapes, prof)
+    skew, m, f, rows = read_skew_table(shapes, prof, fit_rate=fit_rate, center=center)
     rate = rate_factor_table(shapes)
     tables = {"read_after_compute_us": [float(x) for x in skew]}
     if m > 0:
         tables["copy_after_wait_us"] = [m]
-    if rate is not None:
-        tables["copy_rate_factor"] = [float(x) for x in rate]
-    return {"profile": prof, "link": link, "timing": tables, "shapes": rows, "copy_samples": len(us)}
+    if rate is not None or f != 1.0:
+        tables["copy_rate_factor"] = [float(x) * f for x in (rate if rate is not None else [1.0])]
+    return {"profile": prof, "link": link, "timing": tables, "shapes": rows, "copy_samples": len(us),
+            "rate_median": f}
 
 
 def timing_toml(tables: dict, comment: str) -> str:
@@ -176,3 +214,92 @@ def timing_toml(tables: dict, comment: str) -> str:
         vals = ", ".join(f"{v:.4f}" for v in tables[key])
         lines.append(f"{key} = [{vals}]")
     return "\n".join(lines) + "\n"
+
+
+def apply_to_profile_text(text: str, fit: dict, source: str) -> str:
+    """A profile's TOML text with ``fit``'s link keys replaced in ``[link]`` (the line's comment
+    says where they came from), any previous ``[timing]`` and ``[fit.spread]`` tables dropped and
+    the new ones appended."""
+    import re
+
+    out, skip = [], False
+    for line in text.splitlines():
+        head = re.match(r"^\[([^\]]+)\]\s*(#.*)?$", line.strip())
+        if head:
+            skip = head.group(1) in ("timing", "fit.spread") or head.group(1).startswith("fit.spread.")
+        if skip or line.startswith("# [timing]") or line.startswith("# timing:"):
+            continue
+        out.append(line)
+    text = "\n".join(out).rstrip("\n") + "\n"
+    link = fit.get("link")
+    if link:
+        for key, val in (("h2d_gbps", link["gbps"]), ("warp_gbps", link["warp_gbps"]),
+                         ("launch_us", link["launch_us"]), ("item_overhead_us", link["item_overhead_us"])):
+            text = re.sub(rf"(?m)^{key} = [^\n]*$",
+                          f"{key} = {val:.6f}".ljust(35) + f"# refit: {fit['copy_samples']} timed kernel copies "
+                          "([fit.spread]; gpu_backend.calibrate.spread_fit)", text, count=1)
+    text = re.sub(r'(?m)^source = "([^"]*)"$', lambda m: f'source = "{m.group(1).split(" | ")[0]} | {source}"',
+                  text, count=1)
+    rows = fit["shapes"]
+    lines = ["", "[fit.spread]", f'what = "{source}"', f"rate_median = {fit['rate_median']:.6f}"]
+    if link:
+        lines += [f"link_rel_err_median = {link['rel_err_median']:.6f}", f"link_rel_err_max = {link['rel_err_max']:.6f}",
+                  f"link_samples = {fit['copy_samples']}"]
+    lines.append("shapes = [" + ", ".join(f'"{r["label"]}"' for r in rows) + "]")
+    lines.append("z_median_us = [" + ", ".join(f"{r.get('z_median_us', float('nan')):.4f}" if "z_median_us" in r
+                                              else "nan" for r in rows) + "]")
+    lines.append("read_skew_median_us = [" + ", ".join(f"{r['read_skew_median_us']:.4f}" if "read_skew_median_us" in r
+                                                      else "nan" for r in rows) + "]")
+    comment = ("timing: measured distributions (docs/timing.md): quantiles at probabilities 0, 0.05, ..., 1\n"
+               "read_after_compute_us: race-window scans (gpu_backend.calibrate.spread); copy_rate_factor: the\n"
+               "copy's rate as a concurrent read sees it times the per-run spread of timed copy durations")
+    return text + "\n".join(lines) + "\n\n" + timing_toml(fit["timing"], comment)
+
+
+def main(argv=None) -> int:
+    """``python -m gpu_backend.calibrate.spread_fit --spread RAW.json --provider P --profile IN.toml
+    [--sweep CSV ...] --out OUT.toml``: IN's text with the refitted link keys and the [timing]
+    tables from P's scans (and the sweeps' timed copy durations)."""
+    import argparse
+    import json
+
+    from sim.profile import load_profile
+
+    ap = argparse.ArgumentParser(prog="python -m gpu_backend.calibrate.spread_fit", description=main.__doc__)
+    ap.add_argument("--spread", required=True)
+    ap.add_argument("--provider", required=True)
+    ap.add_argument("--profile", required=True)
+    ap.add_argument("--sweep", action="append", default=[], help="free_sweep.csv measured with --timed")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    with open(args.spread) as f:
+        raw = json.load(f)
+    rows = []
+    if args.sweep:
+        import csv
+
+        for path in args.sweep:
+            with open(path) as f:
+                rows += list(csv.DictReader(line for line in f if not line.startswith("#")))
+    fit = fit_timing(raw["providers"][args.provider], load_profile(args.profile), rows)
+    prov = raw.get("provenance", {})
+    source = (f"[timing] and link refit by gpu_backend.calibrate.spread_fit from {args.provider} race-window scans "
+              f"on {raw['providers'][args.provider]['device']} ({raw['providers'][args.provider]['date']}, commit "
+              f"{str(prov.get('commit', '?'))[:10]})")
+    with open(args.profile) as f:
+        text = f.read()
+    new = apply_to_profile_text(text, fit, source)
+    from sim.profile import profile_from_dict, tomllib
+
+    profile_from_dict(tomllib.loads(new), args.out)      # refuse to write a profile sim cannot read
+    with open(args.out, "w") as f:
+        f.write(new)
+    print(f"wrote {args.out}: rate median {fit['rate_median']:.3f}, read skew median "
+          f"{np.interp(0.5, QUANTILES, fit['timing']['read_after_compute_us']):.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
