@@ -102,6 +102,13 @@ STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
 HOST_OPS = ("host_sync", "host_delay", "host_query", "barrier")
 V2_OPS = ("host_query", "barrier")
 MAX_HOSTS = 1024
+#: copy plans whose bound checks a builder remembers (cleared when full: memory stays flat)
+PLAN_CHECKS_SIZE = 4096
+#: unit selections (layout, layer, units of at most SELECTION_MEMO_UNITS) expanded once
+#: (see _selection; cleared when full)
+SELECTION_MEMO_SIZE = 4096
+SELECTION_MEMO_UNITS = 64
+_SELECTIONS: dict = {}
 
 
 @dataclass(frozen=True)
@@ -573,11 +580,26 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
     if key == "units":
         if is_read:
             totals.add_read(count, count * lay.unit_bytes, f"{where}.units")
-        idx = _int_list(d[key], f"{where}.units", 0, lay.units - 1)
+        v = d[key]
+        # NOTE: a short list of units of one layer is expanded once per (layout, layer, units):
+        # ops share the read-only arrays (a run's reads and writes repeat their pages)
+        memo_key = (id(lay), layer, tuple(v)) if (type(v) is list and len(v) <= SELECTION_MEMO_UNITS
+                                                  and all(type(x) is int for x in v)) else None
+        got = _SELECTIONS.get(memo_key) if memo_key is not None else None
+        if got is not None and got[0] is lay:
+            return layer, got[1], got[2]
+        idx = _int_list(v, f"{where}.units", 0, lay.units - 1)
         if not (idx.size > 0):
             raise InputError(f"{where}.{key}", "expected at least one index")
         offs = lay.unit_offsets(layer, idx)
-        return layer, idx, (np.asarray(offs, dtype=np.int64), np.full(idx.size, lay.unit_bytes, np.int64))
+        ext = (np.asarray(offs, dtype=np.int64), np.full(idx.size, lay.unit_bytes, np.int64))
+        if memo_key is not None:
+            for a in (idx, *ext):
+                a.setflags(write=False)
+            if len(_SELECTIONS) >= SELECTION_MEMO_SIZE:
+                _SELECTIONS.clear()
+            _SELECTIONS[memo_key] = (lay, idx, ext)
+        return layer, idx, ext
     if not (isinstance(lay, PagedLayout)):
         raise InputError(f"{where}.tokens", "token selection needs a device (paged) layout")
     ntok = lay.pages * lay.entries_per_page
@@ -681,6 +703,7 @@ class ScheduleBuilder:
         self._common = frozenset({"op", "id", "note"} | ({"host"} if self.version >= 2 else set()))
         self._host_set = frozenset(self.hosts)
         self._parsers = {k: getattr(self, f"_parse_{k}") for k in OP_KINDS}
+        self._plan_checks: dict[int, tuple] = {}   # id(plan) -> (plan, lowest src/dst byte, extents out of bounds)
         # the keys each kind allows (built once: every op is checked against its kind's set)
         c = self._common
         self._allowed = {
@@ -765,19 +788,28 @@ class ScheduleBuilder:
         self.totals.add_indices(_copy_indices(args, src.layout, dst.layout, f"{w}.args"), f"{w}.args.src_indices")
         op.args = _normalise_args(args, f"{w}.args")
         op.plan = plan_copy(op.routine, src.layout, dst.layout, op.args, w)
-        ext = op.plan.extents
-        for side, offs in (("src", ext.src), ("dst", ext.dst)):
-            low = int(np.min(offs)) if len(offs) else 0
+        # NOTE: what the checks below derive from a plan is remembered per plan object (a run's
+        # copies share cached plans); the plan's layouts fix both buffers' sizes
+        got = self._plan_checks.get(id(op.plan))
+        if got is None or got[0] is not op.plan:
+            ext = op.plan.extents
+            lows = tuple(int(np.min(offs)) if len(offs) else 0 for offs in (ext.src, ext.dst))
+            # extents are >= 0 (checked below), so none leaves its buffer when every end fits;
+            # count_out_of_bounds (which builds per-side arrays) runs only when one does not
+            oob = count_out_of_bounds(ext, src.nbytes, dst.nbytes) if min(lows) >= 0 and len(ext.length) and (
+                int((ext.src + ext.length).max()) > src.nbytes
+                or int((ext.dst + ext.length).max()) > dst.nbytes) else 0
+            if len(self._plan_checks) >= PLAN_CHECKS_SIZE:
+                self._plan_checks.clear()
+            got = self._plan_checks[id(op.plan)] = (op.plan, lows, oob)
+        for side, low in zip(("src", "dst"), got[1]):
             if not (low >= 0):
                 raise InputError(f"{w}.args.{side}_indices",
                                  f"the routine addresses byte {low} of {side} {show(getattr(op, side))}, before its start "
                                  "(its 32-bit index arithmetic wraps for these indices); expected indices whose "
                                  "addresses are >= 0")
-        # NOTE: extents are >= 0 (checked above), so none leaves its buffer when every end fits;
-        # count_out_of_bounds (which builds per-side arrays) runs only when one does not
-        if len(ext.length) and (int((ext.src + ext.length).max()) > src.nbytes
-                                or int((ext.dst + ext.length).max()) > dst.nbytes):
-            self.totals.add_out_of_bounds(count_out_of_bounds(ext, src.nbytes, dst.nbytes), w)
+        if got[2]:
+            self.totals.add_out_of_bounds(got[2], w)
 
     def _parse_read(self, op, d, w, common):
         kind = op.op

@@ -1,0 +1,74 @@
+"""Validation's memos (unit selections expanded once per layout, layer and units; a copy
+plan's bound checks once per plan) give the schedule, totals and errors that validating
+without them gives."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.schedule as schedule
+from sim.errors import InputError
+from sim.schedule import ScheduleBuilder, validate
+from tests.strategies import rich_schedules, schedules
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class _NoMemo(dict):
+    def __setitem__(self, key, value):
+        pass
+
+
+def _fields(s):
+    out = []
+    for op in s.ops:
+        ext = None if op.extents is None else [a.tolist() for a in op.extents]
+        units = None if op.units is None else op.units.tolist()
+        plan = None if op.plan is None else [a.tolist() for a in (op.plan.extents.src, op.plan.extents.dst)]
+        out.append((op.id, op.op, op.layer, units, ext, plan))
+    return out
+
+
+def _validate_without_memos(doc):
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(schedule, "_SELECTIONS", _NoMemo())
+        orig = ScheduleBuilder.__init__
+
+        def init(self, *a, **k):
+            orig(self, *a, **k)
+            self._plan_checks = _NoMemo()
+        mp.setattr(ScheduleBuilder, "__init__", init)
+        return validate(doc)
+    finally:
+        mp.undo()
+
+
+@SETTINGS
+@given(st.one_of(rich_schedules(max_ops=16), schedules(max_ops=16)))
+def test_memoised_validation_equals_validation_without_memos(doc):
+    fast, again, slow = validate(doc), validate(doc), _validate_without_memos(doc)
+    assert _fields(fast) == _fields(slow) == _fields(again)
+    assert fast.to_json() == slow.to_json()
+
+
+def test_memoised_arrays_are_shared_read_only_and_errors_repeat():
+    from tests.strategies import base_buffers
+    doc = {"kvrace_schedule": 2, "name": "m", "buffers": base_buffers(), "streams": ["s0"], "events": [],
+           "ops": [{"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": [1, 2]},
+                   {"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": [1, 2]}]}
+    s = validate(doc)
+    a, b = s.ops
+    assert a.units is b.units and not a.extents[0].flags.writeable
+    with pytest.raises(ValueError):
+        a.extents[0][0] = 5
+    lay = s.buffers["D"].layout
+    bad = dict(doc, ops=doc["ops"] + [{"op": "read", "stream": "s0", "buffer": "D", "layer": 0,
+                                       "units": [lay.units]}])
+    msgs = []
+    for _ in range(2):
+        with pytest.raises(InputError) as e:
+            validate(bad)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1] and "ops[2]" in msgs[0]
+    assert np.array_equal(a.extents[0], np.asarray(lay.unit_offsets(0, np.array([1, 2]))))
