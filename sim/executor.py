@@ -169,6 +169,8 @@ class _Copy:
         self.rel_end = end_us
         self.t0 = t0
         self.end_abs = t0 + end_us
+        # a one-item copy (a page): its landing time as a float, compared without numpy
+        self.one_end = float(self.end_abs[0]) if self.end_abs.size == 1 else None
         self.applied = 0                          # items [0, applied) are in memory
         self.ext_item_start = ext_item_start      # extents of item i: [ext_item_start[i], [i + 1])
 
@@ -624,9 +626,10 @@ class Executor:
         """Apply every item that has landed by time t, in landing order."""
         landed = []
         for cp in self.active:
-            if cp.end_abs.size == 1:            # one item (a page copy): no grouping
-                if cp.applied == 0 and cp.end_abs[0] <= t:
-                    landed.append((float(cp.end_abs[0]), cp.op.index, cp, 0, 1))
+            e1 = cp.one_end
+            if e1 is not None:                  # one item (a page copy): no grouping
+                if cp.applied == 0 and e1 <= t:
+                    landed.append((e1, cp.op.index, cp, 0, 1))
                     cp.applied = 1
                 continue
             n = int(np.searchsorted(cp.end_abs, t, side="right"))
@@ -637,7 +640,8 @@ class Executor:
                 for a, b in zip(np.r_[0, cuts], np.r_[cuts, ends.size]):
                     landed.append((float(ends[a]), cp.op.index, cp, cp.applied + int(a), cp.applied + int(b)))
                 cp.applied = n
-        landed.sort(key=lambda x: (x[0], x[1]))
+        if len(landed) > 1:
+            landed.sort(key=lambda x: (x[0], x[1]))
         for _, _, cp, a, b in landed:
             self.mem.apply_copy(cp.op.src, cp.op.dst, cp.c, cp.extent_slice(a, b))
 
