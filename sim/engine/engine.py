@@ -371,18 +371,29 @@ class PrefillEngine:
         the locked path from the root to its last node (plus what it loaded back), its new
         slots are allocated (not free), hold no tree node's KV, and no other request of the
         batch has them."""
+        # NOTE: membership by boolean masks over slot and page ids, built once per batch: the
+        # tree can hold the whole device pool (a million slots in the incident), which sets of
+        # Python ints rebuilt per batch made the largest part of a long run's engine time
         alloc = self.session.allocator
-        free_pages = set(np.asarray(alloc.free_pages).tolist())
-        free_pages |= set(np.asarray(getattr(alloc, "release_pages", np.zeros(0, np.int64))).tolist())
-        in_tree: set[int] = set()
+        free = np.concatenate([np.asarray(alloc.free_pages, np.int64),
+                               np.asarray(getattr(alloc, "release_pages", np.zeros(0, np.int64)), np.int64)])
+        parts = []
         stack = [self.cache.root_node]
         while stack:
             n = stack.pop()
             if n.value is not None and n.parent is not None:
-                in_tree.update(np.asarray(n.value, np.int64).tolist())
+                parts.append(np.asarray(n.value, np.int64))
             stack.extend(n.children.values())
-        seen_new: set[int] = set()
-        for a in batch:
+        tree = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        mine_all = [a.new[:a.n_new] for a in batch]
+        top = 1 + max([int(tree.max()) if tree.size else 0]
+                      + [int(x.max()) for a in batch for x in (a.prefix, a.new[:a.n_new]) if len(x)])
+        in_tree = np.zeros(top, bool)
+        in_tree[tree] = True
+        seen_new = np.zeros(top, bool)
+        is_free = np.zeros(max(top // self.page + 1, int(free.max()) + 1 if free.size else 0), bool)
+        is_free[free] = True
+        for a, used in zip(batch, mine_all):
             self.counts["ownership_checks"] += 1
             path, n = [], a.node
             while n is not None and n.parent is not None:
@@ -395,18 +406,19 @@ class PrefillEngine:
             owned = np.concatenate(path[::-1]) if path else np.zeros(0, np.int64)
             if not np.array_equal(owned[:len(a.prefix)], a.prefix):
                 raise OwnershipError(f"request {a.req.rid}: prefix slots are not its locked path's values")
-            used = a.new[:a.n_new]
-            pages = set((np.concatenate([a.prefix, used]) // self.page).tolist())
-            if pages & free_pages:
-                raise OwnershipError(f"request {a.req.rid}: reads pages {sorted(pages & free_pages)[:4]} "
+            pages = np.unique(np.concatenate([a.prefix, used]) // self.page)
+            bad = pages[is_free[pages]]
+            if bad.size:
+                raise OwnershipError(f"request {a.req.rid}: reads pages {bad[:4].tolist()} "
                                      "that are free in the allocator")
-            mine = set(used.tolist())
-            if mine & in_tree:
-                raise OwnershipError(f"request {a.req.rid}: new slots {sorted(mine & in_tree)[:4]} hold a tree "
+            mine = np.unique(used)
+            bad = mine[in_tree[mine]]
+            if bad.size:
+                raise OwnershipError(f"request {a.req.rid}: new slots {bad[:4].tolist()} hold a tree "
                                      "node's KV")
-            if mine & seen_new:
+            if seen_new[mine].any():
                 raise OwnershipError(f"request {a.req.rid}: new slots shared with another request of the batch")
-            seen_new |= mine
+            seen_new[mine] = True
 
     # ---------------------------------------------------------------- one iteration
     def _form_batch(self) -> list[_Admitted]:
