@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import subprocess
 import sys
@@ -116,7 +115,7 @@ def measure(mode: str, n_ops: int, keep: str = "all") -> dict:
 
     prof = load_profile("h200")
     n_req = n_requests_for(n_ops)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if mode == "static":
         # NOTE: a document is limited to MAX_OPS ops; the benchmark lifts the bound (max_ops=None)
         run = run_schedule(validate(static_doc(n_req), max_ops=None), prof, materialise=False, keep=keep)
@@ -126,11 +125,12 @@ def measure(mode: str, n_ops: int, keep: str = "all") -> dict:
                            materialise=False, keep=keep)
     t_run = time.perf_counter() - t0
     rep = analyse(run)
-    t_all = time.perf_counter() - t0
+    t_all, c_all = time.perf_counter() - t0, time.process_time() - c0
     ops = run.n_ops
     return {"mode": mode, "keep": keep, "ops": ops, "requests": n_req, "run_s": round(t_run, 2),
             "run_and_verdicts_s": round(t_all, 2), "ops_per_s_run": round(ops / t_run),
-            "ops_per_s_with_verdicts": round(ops / t_all),
+            "ops_per_s_with_verdicts": round(ops / t_all), "cpu_s": round(c_all, 2),
+            "ops_per_cpu_s": round(ops / c_all),
             "corrupt_reads": rep["corrupt_reads"],
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}
 
@@ -142,15 +142,20 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per (mode, size) process")
     ap.add_argument("--keep", default="all", choices=["all", "report"],
                     help="what a run keeps: everything (default) or the report only (verdicts while running)")
+    ap.add_argument("--json", help="also write every result, with its provenance, to this JSON file")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "OPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.keep)))
         return
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d')}")
-    print("| mode | ops | run s | run + verdicts s | ops/s (run) | ops/s (with verdicts) | peak RSS MiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    from benchmarks.bench_scale import provenance
+    prov = provenance()
+    print(f"# {prov['machine']}, python {prov['python']}, {prov['date']}, code {prov['commit']}, "
+          f"load average {prov['load_average']}, keep={args.keep}")
+    print("| mode | ops | run s | run + verdicts s | ops/s (run) | ops/s (with verdicts) | CPU s | ops / CPU s "
+          "| peak RSS MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    results = []
     for n in args.sizes:
         for mode in args.modes:
             try:
@@ -163,8 +168,12 @@ def main() -> None:
                 print(f"| {mode} | {n} | failed: {out.stderr.strip().splitlines()[-1][:120]} | | | | |", flush=True)
                 continue
             r = json.loads(out.stdout)
+            results.append(r)
             print(f"| {mode} | {r['ops']} | {r['run_s']} | {r['run_and_verdicts_s']} | {r['ops_per_s_run']} | "
-                  f"{r['ops_per_s_with_verdicts']} | {r['peak_rss_mib']} |", flush=True)
+                  f"{r['ops_per_s_with_verdicts']} | {r['cpu_s']} | {r['ops_per_cpu_s']} | {r['peak_rss_mib']} |",
+                  flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": prov, "results": results}, indent=1))
 
 
 if __name__ == "__main__":

@@ -180,8 +180,9 @@ def main() -> None:
     if args.one:
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.devices)))
         return
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}, python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d')}, {args.devices} devices")
+    prov = provenance()
+    print(f"# {prov['machine']}, python {prov['python']}, {prov['date']}, {args.devices} devices, "
+          f"code {prov['commit']}, load average {prov['load_average']}")
     print("| mode | ops | wall s | CPU s | ops / wall s | ops / CPU s | reads | corrupt | races | peak RSS MiB |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     results = []
@@ -206,7 +207,27 @@ def main() -> None:
                 print("  RSS trend (ops: MiB): " + ", ".join(f"{x['ops']}: {x['rss_mib']}" for x in r["rss_trend"]),
                       flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({"provenance": provenance(), "results": results}, indent=1))
+
+
+def provenance() -> dict:
+    """Where a result came from: the code's commit, the command, the machine, the date and the
+    load average (the machine may be shared: CPU seconds are then the comparable figure)."""
+    from benchmarks.provenance import command, git_commit
+    return {"commit": git_commit(), "command": command(), "machine": f"{platform.node()} "
+            f"{_cpu_model()}, {os.cpu_count()} cores", "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_average": list(os.getloadavg())}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 if __name__ == "__main__":
