@@ -86,3 +86,24 @@ def test_default_scenario_reproduces_the_incidents_signature(dtype, tmp_path):
     assert d["requests_raced"] == 0 and d["latent_races"] == 0
     assert (d["requests_wrong_kv"] > 0) == (dtype == "bf16")
     assert not any("token" in r for r in d["branches"]["index_k"])
+
+
+def test_run_streams_unless_an_output_needs_the_whole_run(exported, tmp_path, monkeypatch):
+    """Without --export-races/--trace the engine streams (keep="report") and gives the same
+    metrics as the run that kept everything for the exports."""
+    import sim.engine.engine as eng
+
+    keeps = []
+    orig = eng.PrefillEngine.__init__
+
+    def spy(self, *a, **kw):
+        keeps.append(kw.get("keep"))
+        orig(self, *a, **kw)
+    monkeypatch.setattr(eng.PrefillEngine, "__init__", spy)
+    assert main(ARGS + ["--json", str(tmp_path / "s.json")]) == 0
+    assert main(ARGS + ["--json", str(tmp_path / "t.json"), "--trace", str(tmp_path / "t.trace")]) == 0
+    assert keeps == ["report", "all"]
+    streamed = json.loads((tmp_path / "s.json").read_text())
+    kept = exported[1]
+    skip = {"wall_time_s", "exported_races"}
+    assert {k: v for k, v in streamed.items() if k not in skip} == {k: v for k, v in kept.items() if k not in skip}
