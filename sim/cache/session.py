@@ -553,8 +553,9 @@ class CacheSession:
 
     def finish(self) -> RunResult:
         """Let every issued op complete (as a static run ends) and return the run; its
-        ``recorded`` document re-runs statically to the same Snapshot.  The session takes
-        no further calls."""
+        ``recorded`` document re-runs statically to the same Snapshot (``keep="all"``; a
+        ``keep="report"`` run carries its online verdicts, ``RunResult.online``, and the
+        recorded schedule's digest instead).  The session takes no further calls."""
         if self._result is None:
             self.settle()
             self.env.run()
