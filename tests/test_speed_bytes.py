@@ -107,3 +107,25 @@ def test_a_small_view_is_the_buffer_its_segments_make(fills, off, n, then):
     assert view.segment_count() == plain.segment_count() and view.small_runs() == plain.small_runs()
     assert view.materialise().tobytes() == plain.materialise().tobytes()
     assert view.provenance_digest() == plain.provenance_digest()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 31), st.integers(1, 40), st.integers(0, 2), st.integers(0, 99)),
+                max_size=14), st.integers(0, 511), st.integers(0, 200), st.integers(1, 6))
+def test_describe_of_a_few_segments_equals_describe_of_pieces(fills, off, n, max_items):
+    """``describe`` reads a small range as lists (``_pieces_small``); the same as from
+    ``pieces()`` arrays, including the summary item past ``max_items``."""
+    from sim.bytes.describe import describe
+    t = OriginTable()
+    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
+    for d, ln, o, so in fills:
+        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    n = min(n, 32 * UNIT - off)
+    fast = describe(buf, off, n, max_items)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(CompactBuffer, "_pieces_small", lambda self, lo, hi: None)
+        slow = describe(buf, off, n, max_items)
+    finally:
+        mp.undo()
+    assert fast == slow

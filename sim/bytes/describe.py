@@ -12,6 +12,20 @@ def _owner(owner: int) -> str:
     return "initial" if owner < 0 else f"request {owner}"
 
 
+def _pieces(buf: CompactBuffer, offset: int, nbytes) -> tuple[list, list, list, list]:
+    """``buf.pieces(offset, nbytes)`` as lists (starts, lengths, origin ids, stream offsets);
+    a range of a few segments in one block is read without numpy (``_pieces_small``)."""
+    if nbytes is not None:
+        n = int(nbytes)
+        if n > 0 and 0 <= offset <= buf.nbytes - n:
+            got = buf._pieces_small(offset, offset + n)
+            if got is not None:
+                ps, pe, po, pf = got
+                return ps, [e - a for a, e in zip(ps, pe)], po, pf
+    p = buf.pieces(offset, nbytes)
+    return p.start.tolist(), p.length.tolist(), p.origin_id.tolist(), p.stream_offset.tolist()
+
+
 def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) -> list[dict]:
     """One dict per run of consecutive units of one origin in ``[offset, +nbytes)``.
 
@@ -24,15 +38,15 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) 
     summarises the rest: ``origin`` and the unit keys are None, ``more_runs``
     counts the runs it stands for.
     """
-    p = buf.pieces(offset, nbytes)
-    n = len(p)
+    p_start, p_length, p_oid, p_soff = _pieces(buf, int(offset), nbytes)
+    n = len(p_start)
     max_items = max(1, int(max_items))
     shown = n if n <= max_items else max_items - 1
     items = []
     for i in range(shown):
-        start, length = int(p.start[i]), int(p.length[i])
-        o = buf.table[int(p.origin_id[i])]
-        s = int(p.stream_offset[i])
+        start, length = p_start[i], p_length[i]
+        o = buf.table[p_oid[i]]
+        s = p_soff[i]
         ub = o.unit_bytes
         u0, u1 = s // ub, (s + length - 1) // ub
         b0, b1 = s - u0 * ub, s + length - u1 * ub
@@ -47,10 +61,10 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) 
                       "first_unit": u0, "last_unit": u1, "unit_byte_start": b0,
                       "unit_byte_end": b1, "text": text})
     if shown < n:
-        start = int(p.start[shown])
+        start = p_start[shown]
         end = int(offset) + int(nbytes)
         rest = n - shown
-        origins = len(set(p.origin_id[shown:].tolist()))
+        origins = len(set(p_oid[shown:]))
         rel = start - int(offset)
         items.append({"offset": start, "nbytes": end - start, "origin": None,
                       "first_unit": None, "last_unit": None, "unit_byte_start": None,
