@@ -876,16 +876,21 @@ def run_reference(schedule: Schedule, *, materialise: bool = True, table=None) -
     ``table``: an OriginTable to share (a run's: provenance then compares by id)."""
     mem = Memory(schedule.buffers, materialise=materialise, table=table)
     reads = []
+    clipped: dict = {}                 # (id(plan), sizes) -> (plan, Clipped): copies share cached plans
     for op in schedule.ops:
         if op.op == "copy":
             src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
-            mem.apply_copy(op.src, op.dst, clip_extents(op.plan.extents, src.nbytes, dst.nbytes))
+            key = (id(op.plan), src.nbytes, dst.nbytes)
+            got = clipped.get(key)
+            if got is None or got[0] is not op.plan:
+                got = clipped[key] = (op.plan, clip_extents(op.plan.extents, src.nbytes, dst.nbytes))
+            mem.apply_copy(op.src, op.dst, got[1])
         elif op.op == "write":
             offs, lens = op.extents
             mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
         elif op.op == "read":
             offs, lens = op.extents
-            views = [mem.view(op.buffer, int(o), int(n)) for o, n in zip(offs, lens)]
+            views = [mem.view(op.buffer, o, n) for o, n in zip(offs.tolist(), lens.tolist())]
             reads.append(ReadCapture(op.id, op.index, op.stream, op.buffer, float(op.index), offs, lens,
                                      views))
     return RunResult(schedule, None, mem, reads, {}, [], [], 0.0)

@@ -226,12 +226,20 @@ def merge_intervals(starts, ends):
 
 def accesses(schedule: Schedule) -> list[Access]:
     out = []
+    per_plan: dict = {}      # (id(plan), sizes) -> (plan, merged read, merged write): copies share plans
     for op in schedule.ops:
         if op.op == "copy":
             src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
-            c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
-            out.append(Access(op.index, op.src, False, *_merge(c.src, np.minimum(c.length, c.fill_start))))
-            out.append(Access(op.index, op.dst, True, *_merge(c.dst, c.fill_end)))
+            key = (id(op.plan), src.nbytes, dst.nbytes)
+            got = per_plan.get(key)
+            if got is None or got[0] is not op.plan:
+                c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+                got = per_plan[key] = (op.plan, _merge(c.src, np.minimum(c.length, c.fill_start)),
+                                       _merge(c.dst, c.fill_end))
+                for a in (*got[1], *got[2]):
+                    a.setflags(write=False)        # shared by every copy of this plan
+            out.append(Access(op.index, op.src, False, *got[1]))
+            out.append(Access(op.index, op.dst, True, *got[2]))
         elif op.op in ("read", "write"):
             out.append(Access(op.index, op.buffer, op.op == "write", *_merge(*op.extents)))
     return out

@@ -395,7 +395,8 @@ def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int 
     placement = [pc for op in s.ops if op.op == "copy" for pc in [placement_check(s, op)] if pc]
     accesses_list = [{"op": s.ops[acc.op].id, "stream": s.ops[acc.op].stream, "buffer": acc.buffer,
                       "access": "write" if acc.write else "read", "ranges": int(acc.starts.size),
-                      "bytes": int((acc.ends - acc.starts).sum()),
+                      "bytes": (int(acc.ends[0]) - int(acc.starts[0]) if acc.starts.size == 1
+                                else int((acc.ends - acc.starts).sum())),
                       "first_range": [int(acc.starts[0]), int(acc.ends[0])] if acc.starts.size else None,
                       "start_us": round(run.timings.get(s.ops[acc.op].id, (0.0, 0.0))[0], 4),
                       "end_us": round(run.timings.get(s.ops[acc.op].id, (0.0, 0.0))[1], 4)}
