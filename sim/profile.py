@@ -36,6 +36,9 @@ _SCHEMA = {
 #     served; "concurrent" lets copies on one link run at once, each at the link's rate (SM-driven
 #     copy kernels on different streams interleave their items on a GPU; the link's total rate is
 #     then over-counted, so use it to explore orders, not to predict durations).
+#   link.kernel_workers: "launch" runs a warp_quota kernel copy's items on the launch's warps (the
+#     sgl-kernel AOT shape); "sglang_jit" on SGLang's JIT hicache kernel's workers (256, 128 or 64
+#     items at once by element size; sim.transfers.timing), for a profile of SGLang's kernels.
 #   device.launch_jitter_us: every kernel (copy, read, write) starts after an extra delay drawn
 #     from an exponential distribution of this mean by the run's seeded generator: the launch
 #     skew between streams that a GPU shows (kernel starts measured 9-23 us after a gate on an
@@ -49,7 +52,8 @@ _SCHEMA = {
 #     roofline_jitter_frac: sigma of the cost model's own multiplicative jitter, keyed by
 #       (seed, op) so a forward's per-layer durations sum to its one-step duration (0: use
 #       compute.jitter_frac; the forward's compute ops are issued with jitter false).
-_OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent"))},
+_OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent")),
+                      "kernel_workers": ("launch", ("launch", "sglang_jit"))},
              "device": {"launch_jitter_us": (0.0, None)},
              "compute": {"peak_bf16_tflops": (0.0, None), "peak_fp8_tflops": (0.0, None),
                          "mem_gbps": (0.0, None), "flops_efficiency": (0.0, None),
@@ -139,6 +143,7 @@ class Profile:
     kernel_launch_us: float
     jitter_frac: float
     link_sharing: str = "fifo"
+    kernel_workers: str = "launch"
     launch_jitter_us: float = 0.0
     peak_bf16_tflops: float = 0.0
     peak_fp8_tflops: float = 0.0
@@ -199,7 +204,7 @@ class Profile:
 
         return LinkTiming(gbps=gbps, launch_us=self.launch_us, item_overhead_us=self.item_overhead_us,
                           memcpy_latency_us=self.memcpy_latency_us, resident_warps=self.resident_warps,
-                          warp_gbps=self.warp_gbps)
+                          warp_gbps=self.warp_gbps, workers=self.kernel_workers)
 
 
 def shipped_profiles() -> list[str]:

@@ -166,11 +166,50 @@ def test_a_spread_table_gives_an_intermediate_stale_probability():
     """A read skew whose median sits at the copy's end: about half the seeded runs stale."""
     from gpu_backend.replay import simulate_stale
 
-    s = validate(race_doc(compute_us=0.0, tokens=1024, row=1024))
-    p0 = profile_from_dict(copy.deepcopy(BASE))
+    s = validate(race_doc(compute_us=0.0, tokens=64, row=1024))
+    d0 = copy.deepcopy(BASE)
+    d0["link"]["warp_gbps"] = 0.1          # a slow copy of few items: a gap of several us, fast runs
+    p0 = profile_from_dict(d0)
     r = run_schedule(s, p0, seed=0, materialise=False)
     gap = float(r.item_end_us["load"].max()) - r.access_us["read"]
-    p = profile_from_dict(doc_with({"read_after_compute_us": list(np.linspace(gap - 2, gap + 2, 5)),
-                                    "copy_rate_factor": [1.0]}))
-    stale, _ = simulate_stale(s, p, seeds=400, seed=0)
-    assert 0.4 < stale["read"] / 400 < 0.6
+    assert gap > 3
+    d1 = copy.deepcopy(d0)
+    d1["timing"] = {"read_after_compute_us": list(np.linspace(gap - 2, gap + 2, 5)), "copy_rate_factor": [1.0]}
+    p = profile_from_dict(d1)
+    stale, _ = simulate_stale(s, p, seeds=300, seed=0)
+    assert 0.4 < stale["read"] / 300 < 0.6
+
+
+# ------------------------------------------------------------------ SGLang's JIT worker shape
+
+def test_kernel_workers_is_validated_by_name():
+    d = copy.deepcopy(BASE)
+    d["link"]["kernel_workers"] = "jit"
+    with pytest.raises(InputError, match=r"link.kernel_workers"):
+        profile_from_dict(d)
+    assert load_profile("h200").kernel_workers == "launch"
+    assert load_profile("h200-calibrated-sglang").kernel_workers == "sglang_jit"
+
+
+@pytest.mark.parametrize("row, workers", [(128, 256), (512, 256), (520, 128), (1024, 128), (1032, 64), (8448, 64)])
+def test_sglang_jit_rounds_follow_the_element_size(row, workers):
+    """hicache.cuh: 2 blocks of 1024 threads, a worker of 32 / unroll threads per item, unroll 4
+    up to 512 B, 2 up to 1024 B, else 1: item i runs in round i // workers."""
+    from sim.transfers.timing import LinkTiming, item_rounds, item_times, sglang_jit_workers
+
+    assert sglang_jit_workers(row) == workers
+    s = validate(race_doc(tokens=600, row=row))
+    plan = [op for op in s.ops if op.op == "copy"][0].plan
+    jit = LinkTiming(gbps=50.0, workers="sglang_jit")
+    aot = LinkTiming(gbps=50.0)
+    assert (item_rounds(plan, jit) == np.arange(600) // workers).all()
+    assert (item_rounds(plan, aot) == np.arange(600) // 64).all()
+    start, end = item_times(plan, jit)
+    assert (np.diff(start) >= 0).all() and (end > start).all()
+
+
+def test_the_jit_rule_leaves_memcpy_copies_alone():
+    from sim.transfers.timing import LinkTiming
+
+    with pytest.raises(InputError, match="LinkTiming.workers"):
+        LinkTiming(gbps=1.0, workers="x")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "read_skew_table", "apply_to_profile_text", "main",
+__all__ = ["QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
            "rate_factor_table", "fit_timing", "timing_toml"]
 
 #: the probabilities of the written tables: 0, 0.05, ..., 1
@@ -68,7 +68,9 @@ def window_quantiles(c, trials, stale, probs=QUANTILES) -> np.ndarray:
     cdf = 1.0 - s                                      # non-decreasing
     out = np.empty(len(probs))
     for i, q in enumerate(probs):
-        if q <= cdf[0]:
+        if q <= 0 and cdf[0] <= 0:
+            out[i] = uc[int(np.searchsorted(cdf, 0.0, side="right")) - 1]    # where S starts to fall
+        elif q <= cdf[0]:
             out[i] = uc[0]
         elif q > cdf[-1]:
             out[i] = uc[-1]
@@ -84,6 +86,50 @@ def refit_link(n_items, item_bytes, us, resident_warps: int) -> dict:
     from gpu_backend.calibrate.fit import fit_kernel_warp_rate
 
     return fit_kernel_warp_rate("kernel_per_layer", n_items, item_bytes, us, resident_warps)
+
+
+def fit_link_model(plans: list, us, base_profile) -> dict:
+    """``launch_us``, ``item_overhead_us``, ``h2d_gbps`` and ``warp_gbps`` of
+    ``sim.transfers.timing`` fitted to measured copy times ``us`` of the copy ``plans`` (least
+    squares on relative error), with the profile's own worker rule (``link.kernel_workers``)
+    and resident warps: a grid over the two rates, refined once, ``launch_us`` and
+    ``item_overhead_us`` by NNLS at each point (a copy ends ``launch_us + rounds x
+    item_overhead_us`` plus its rounds' transfer times)."""
+    from gpu_backend.calibrate.fit import nnls
+    from sim.transfers.timing import LinkTiming, copy_end_us, item_rounds
+
+    us = np.asarray(us, dtype=np.float64)
+    rule, rw = base_profile.kernel_workers, base_profile.resident_warps
+
+    def times(g, w):
+        t = LinkTiming(gbps=g, warp_gbps=w, resident_warps=rw, workers=rule)
+        rounds = np.array([int(item_rounds(p, t)[-1]) + 1 if p.n_items else 0 for p in plans], dtype=np.float64)
+        return rounds, np.array([copy_end_us(p, t) for p in plans])
+
+    def score(g, w):
+        rounds, t0 = times(g, w)
+        A = np.stack([np.ones_like(us), rounds], axis=1) / us[:, None]
+        y = (us - t0) / us
+        x = nnls(A, y)
+        pred = x[0] + rounds * x[1] + t0
+        return float(np.sum(((pred - us) / us) ** 2)), x, pred
+
+    best = None
+    for stage in (0, 1):
+        if stage == 0:
+            gs, ws = np.geomspace(5, 200, 18), np.geomspace(0.2, 50, 18)
+        else:
+            gs, ws = best[1] * np.geomspace(0.85, 1.18, 9), best[2] * np.geomspace(0.8, 1.25, 9)
+        for g in gs:
+            for w in ws:
+                r, x, pred = score(float(g), float(w))
+                if best is None or r < best[0]:
+                    best = (r, float(g), float(w), x, pred)
+    _, g, w, x, pred = best
+    rel = np.abs(pred - us) / us
+    return {"gbps": g, "warp_gbps": w, "launch_us": float(x[0]), "item_overhead_us": float(x[1]),
+            "workers": rule, "rel_err_median": float(np.median(rel)), "rel_err_max": float(rel.max()),
+            "rel_err_rms": float(np.sqrt(np.mean(rel ** 2))), "samples": int(us.size)}
 
 
 def _copy_end(doc: dict, profile) -> float:
@@ -172,28 +218,29 @@ def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None,
     ``[timing]`` tables and the per-shape diagnostics."""
     from dataclasses import replace
 
-    shapes = [sh for sh in spread["shapes"] if "scan" in sh]
-    n, ib, us = [], [], []
-    for sh in shapes:
-        ops = [op for op in sh["doc"]["ops"] if op.get("op") == "copy"]
-        if ops and ops[0]["routine"] in ("kernel_per_layer", "dsa_indexer_per_layer"):
-            from sim.schedule import validate
+    from gpu_backend.calibrate.spread import race_doc
+    from sim.schedule import validate
 
-            op = [o for o in validate(sh["doc"]).ops if o.op == "copy"][0]
-            ext_bytes = op.plan.extents.item_bytes()
+    shapes = [sh for sh in spread["shapes"] if "scan" in sh]
+    plans, us = [], []
+    for sh in shapes:
+        ops = [o for o in validate(sh["doc"]).ops if o.op == "copy"]
+        if ops and ops[0].routine in ("kernel_per_layer", "dsa_indexer_per_layer"):
             t = sh["timed"]
-            n.append(op.plan.n_items)
-            ib.append(int(ext_bytes.max()))
+            plans.append(ops[0].plan)
             us.append(float(np.median(np.asarray(t["copy_end_us"]) - np.asarray(t["copy_start_us"]))))
+    memo = {}
     for r in sweep_rows or []:
         if r.get("gpu_copy_us_p50") not in (None, "") and np.isfinite(float(r["gpu_copy_us_p50"])):
-            n.append(int(r["tokens"]))
-            ib.append(int(r["bytes_per_token"]))
+            key = (int(r["bytes_per_token"]), int(r["tokens"]))
+            if key not in memo:
+                memo[key] = [o for o in validate(race_doc(*key, 1.0)).ops if o.op == "copy"][0].plan
+            plans.append(memo[key])
             us.append(float(r["gpu_copy_us_p50"]))
     link = None
     prof = replace(base_profile, timing=())
-    if not fixed_link and len(set(ib)) >= 2:
-        link = refit_link(n, ib, us, base_profile.resident_warps)
+    if not fixed_link and len({int(np.asarray(p.extents.length).max()) for p in plans}) >= 2:
+        link = fit_link_model(plans, us, prof)
         prof = replace(prof, h2d_gbps=link["gbps"], warp_gbps=link["warp_gbps"], launch_us=link["launch_us"],
                        item_overhead_us=link["item_overhead_us"])
     skew, m, f, rows = read_skew_table(shapes, prof, fit_rate=fit_rate, center=center)
@@ -244,7 +291,7 @@ def apply_to_profile_text(text: str, fit: dict, source: str) -> str:
     lines = ["", "[fit.spread]", f'what = "{source}"', f"rate_median = {fit['rate_median']:.6f}"]
     if link:
         lines += [f"link_rel_err_median = {link['rel_err_median']:.6f}", f"link_rel_err_max = {link['rel_err_max']:.6f}",
-                  f"link_samples = {fit['copy_samples']}"]
+                  f"link_samples = {fit['copy_samples']}", f'link_workers = "{link["workers"]}"']
     lines.append("shapes = [" + ", ".join(f'"{r["label"]}"' for r in rows) + "]")
     lines.append("z_median_us = [" + ", ".join(f"{r.get('z_median_us', float('nan')):.4f}" if "z_median_us" in r
                                               else "nan" for r in rows) + "]")

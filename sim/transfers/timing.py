@@ -14,6 +14,14 @@ Warp kernels (``warp_quota``, ``warp_per_item``)
     and rounds follow each other.  (``kvrace calibrate`` on an H200 measured a
     warp at about 0.67 GB/s: without that term 4 index-K pages of 8,448 B were
     predicted to land in 8.7 us against 19.8 us measured.)
+SGLang's JIT worker shape (``LinkTiming.workers = "sglang_jit"``)
+    The hicache JIT kernel (``sglang/jit_kernel/csrc/kvcacheio/hicache.cuh``, 0.5.14) runs at
+    most 2 blocks of 1024 threads and gives each item a worker of ``32 / unroll`` threads, with
+    ``unroll`` 4 for elements of at most 512 B, 2 up to 1024 B and 1 above
+    (``_default_unroll``): 256, 128 or 64 items at once, item ``i`` on worker ``i % W`` in round
+    ``i // W``.  The element is one layer's row, the largest extent of the copy.  With this
+    shape a ``warp_quota`` launch (the sgl-kernel AOT shape the routines describe) runs ``W``
+    items per round instead of its ``warps``; nothing else changes.
 Memcpy runs (``memcpy_runs``)
     One ``cudaMemcpyAsync`` per run, each starting when the previous one ends
     and taking ``memcpy_latency_us + run_bytes / gbps``; the first starts at 0.
@@ -54,6 +62,16 @@ from sim.errors import InputError
 from sim.transfers.routines import CopyPlan
 
 BYTES_PER_US_PER_GBPS = 1e3
+#: item-worker rules of a ``warp_quota`` kernel copy: the launch's own warps, or SGLang's JIT shape
+WORKER_RULES = ("launch", "sglang_jit")
+JIT_BLOCKS = 2
+JIT_BLOCK_THREADS = 1024
+
+
+def sglang_jit_workers(element_bytes: int) -> int:
+    """Items SGLang's JIT hicache kernel copies at once for elements of ``element_bytes``."""
+    unroll = 4 if element_bytes <= 512 else 2 if element_bytes <= 1024 else 1
+    return JIT_BLOCKS * JIT_BLOCK_THREADS // (32 // unroll)
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,7 @@ class LinkTiming:
     memcpy_latency_us: float = 0.0
     resident_warps: int = 1 << 30
     warp_gbps: float = float("inf")     # one warp's own copy rate (inf: no per-warp limit)
+    workers: str = "launch"             # WORKER_RULES: who runs a warp_quota kernel's items
 
     def __post_init__(self):
         for k in ("gbps", "launch_us", "item_overhead_us", "memcpy_latency_us", "warp_gbps"):
@@ -78,6 +97,8 @@ class LinkTiming:
                 raise InputError(f"LinkTiming.{k}",
                                  f"expected a {'positive' if positive else 'non-negative'} "
                                  f"number, got {v}")
+        if self.workers not in WORKER_RULES:
+            raise InputError("LinkTiming.workers", f"expected one of {list(WORKER_RULES)}, got {self.workers!r}")
         rw = self.resident_warps
         if not isinstance(rw, numbers.Integral) or isinstance(rw, bool) or rw < 1:
             raise InputError("LinkTiming.resident_warps", f"expected an integer >= 1, got {rw!r}")
@@ -88,10 +109,15 @@ class LinkTiming:
 
 
 def concurrency(plan: CopyPlan, timing: LinkTiming) -> int:
-    """Items running at once: ``min(launch.warps, resident_warps)`` (1 for memcpy)."""
+    """Items running at once: ``min(launch.warps, resident_warps)`` (1 for memcpy); with
+    ``timing.workers == "sglang_jit"`` a ``warp_quota`` kernel runs SGLang's JIT worker count
+    for its largest extent instead of ``launch.warps``."""
     if plan.launch.kind == "memcpy_runs":
         return 1
-    return max(1, min(plan.launch.warps, timing.resident_warps))
+    warps = plan.launch.warps
+    if timing.workers == "sglang_jit" and plan.launch.kind == "warp_quota" and len(plan.extents):
+        warps = sglang_jit_workers(int(np.asarray(plan.extents.length).max()))
+    return max(1, min(warps, timing.resident_warps))
 
 
 def item_rounds(plan: CopyPlan, timing: LinkTiming) -> np.ndarray:

@@ -1,0 +1,112 @@
+"""Agreement table: the free sweep's measured stale fractions against the simulator's.
+
+    python benchmarks/agreement.py --csv sglang=DIR/free_sweep.csv --csv builtin=DIR2/free_sweep.csv
+        [--race sglang=race.json] [--out results/fidelity/agreement.md]
+
+Each CSV is a ``benchmarks/free_sweep.py`` output with both sides filled (stale trials of the
+free replays, stale runs of the seeded simulator runs).  Each point gets
+``gpu_backend.agreement.agreement``: the point agrees when Newcombe's 95 % interval of
+``p_sim - p_gpu`` meets the band of 5 points or the measured 95 % Wilson interval.  ``--race``
+adds a ``kvrace replay --json`` report of the minimal race (its ``simulated_stale_runs``).
+Writes a markdown table per provider (every point, misses marked) and a summary line per
+provider, after the command and commit that produced it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from benchmarks.free_sweep import read_csv  # noqa: E402
+from gpu_backend.agreement import agreement  # noqa: E402
+
+
+def csv_provenance(path: str) -> list[str]:
+    with open(path) as f:
+        return [line[2:].strip() for line in f if line.startswith("# ")]
+
+
+def provider_table(name: str, rows: list[dict]) -> tuple[list[str], dict]:
+    lines = [f"| compute us | B/token | tokens | GPU stale | GPU 95 % | simulated | diff 95 % | verdict |",
+             "| ---: | ---: | ---: | ---: | --- | ---: | --- | --- |"]
+    n = miss = within = 0
+    absdiff = 0.0
+    for r in sorted(rows, key=lambda r: (float(r["compute_us"]), int(r["bytes_per_token"]), int(r["tokens"]))):
+        a = agreement(int(r["stale_trials"]), int(r["trials"]), int(r["sim_stale_runs"]), int(r["sim_seeds"]))
+        n += 1
+        miss += not a.agrees
+        within += a.within
+        absdiff += abs(a.p_sim - a.p_gpu)
+        verdict = "agrees" if a.agrees else "**MISS**"
+        lines.append(f"| {float(r['compute_us']):g} | {int(r['bytes_per_token'])} | {int(r['tokens'])} | "
+                     f"{a.p_gpu:.2f} ({a.k_gpu}/{a.n_gpu}) | {a.gpu_lo:.2f}-{a.gpu_hi:.2f} | "
+                     f"{a.p_sim:.2f} ({a.k_sim}/{a.n_sim}) | {a.diff_lo:+.2f}..{a.diff_hi:+.2f} | {verdict} |")
+    summary = {"provider": name, "points": n, "agree": n - miss, "miss": miss, "within_point_estimates": within,
+               "mean_abs_diff": absdiff / n if n else float("nan")}
+    return lines, summary
+
+
+def race_line(name: str, path: str) -> tuple[str, dict]:
+    with open(path) as f:
+        rep = json.load(f)
+    r = rep["reads"][0]
+    a = agreement(int(r["stale_trials"]), int(r["trials"]), int(r["simulated_stale_runs"]), int(r["simulated_runs"]))
+    inside = a.gpu_lo <= a.p_sim <= a.gpu_hi
+    text = (f"minimal race ({name}, {rep.get('profile', '?')}): GPU {a.p_gpu:.3f} ({a.k_gpu}/{a.n_gpu}, 95 % "
+            f"{a.gpu_lo:.3f}-{a.gpu_hi:.3f}), simulated {a.p_sim:.3f} ({a.k_sim}/{a.n_sim}): "
+            f"{'inside' if inside else 'outside'} the measured interval; test: "
+            f"{'agrees' if a.agrees else 'MISS'} (difference {a.diff_lo:+.3f}..{a.diff_hi:+.3f})")
+    return text, {"provider": name, "inside": inside, **a.as_dict()}
+
+
+def main(argv=None) -> int:
+    from benchmarks.provenance import command, git_commit
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv", action="append", default=[], metavar="PROVIDER=PATH", required=True)
+    ap.add_argument("--race", action="append", default=[], metavar="PROVIDER=PATH")
+    ap.add_argument("--out", default=None, help="markdown file (default: stdout)")
+    ap.add_argument("--json", default=None, help="the summaries as JSON")
+    args = ap.parse_args(argv)
+    out = [f"<!-- command: {command()} -->", f"<!-- commit: {os.environ.get('KVRACE_COMMIT') or git_commit()} -->", ""]
+    summaries, races = [], []
+    for item in args.csv:
+        name, path = item.split("=", 1)
+        rows = read_csv(path)
+        lines, summary = provider_table(name, rows)
+        summaries.append(summary)
+        out.append(f"### {name}: {summary['agree']} of {summary['points']} points agree "
+                   f"(mean |difference| {summary['mean_abs_diff']:.3f})")
+        out.append("")
+        out.append(f"Data: `{os.path.relpath(path, ROOT)}` ({'; '.join(csv_provenance(path))})")
+        out.append("")
+        out += lines
+        out.append("")
+    for item in args.race:
+        name, path = item.split("=", 1)
+        text, rec = race_line(name, path)
+        races.append(rec)
+        out.append(text)
+        out.append("")
+    text = "\n".join(out)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        print(f"wrote {args.out}")
+    else:
+        print(text)
+    for s in summaries:
+        print(f"{s['provider']}: {s['agree']}/{s['points']} agree, mean |diff| {s['mean_abs_diff']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"providers": summaries, "races": races}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

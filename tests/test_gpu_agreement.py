@@ -1,0 +1,117 @@
+"""Agreement on the GPU: the simulated stale probability of every free-sweep point against the
+measured one (gpu_backend.agreement's test: Newcombe's interval of the difference must meet the
+band of 5 points or the measured 95 % interval), for the sglang and builtin providers, and for the
+minimal race (examples/index_k_ungated_race.json, sglang, free replay).
+
+Run with ``pytest -m gpu tests/test_gpu_agreement.py``; skipped without torch or CUDA (a run
+that requires a provider through ``KVRACE_REQUIRE_PROVIDERS`` fails instead of skipping).  Each
+provider's points are measured once per module (100 free replays per point, or
+``KVRACE_AGREEMENT_TRIALS``) and simulated with 200 seeds (``KVRACE_AGREEMENT_SEEDS``) on a
+spawned process pool.  Points that missed on the H200 when the profiles were fitted are marked
+``xfail`` (not strict) with the reason found there (results/gpu_fidelity.md); any other point
+that misses fails.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.helpers import skip_unavailable_provider
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch", reason="the GPU tests need torch with CUDA")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
+
+from gpu_backend.agreement import agreement, predict_points  # noqa: E402
+
+TRIALS = int(os.environ.get("KVRACE_AGREEMENT_TRIALS", "100"))
+SEEDS = int(os.environ.get("KVRACE_AGREEMENT_SEEDS", "200"))
+EXAMPLE = "examples/index_k_ungated_race.json"
+PROFILES = {"sglang": "sim/profiles/h200-calibrated-sglang.toml", "builtin": "sim/profiles/h200-calibrated.toml"}
+GRID = {"sglang": ((128, 256, 512, 1024), (64, 256, 1024, 4096), (3.0, 10.0, 30.0)),
+        "builtin": ((64, 128, 136, 256, 512, 1024), (64, 256, 1024, 4096), (3.0, 10.0, 30.0))}
+
+_COPY = "the simulated copy end is off by more than the window's spread at this shape (link model error)"
+_SMALL = ("64-256-token copies after a 3-10 us compute: the GPU's window sits near c, the simulator's "
+          "pooled read skew puts it a few us off")
+#: (provider, (bytes per token, tokens, compute us)) -> why it missed when the profile was fitted
+KNOWN_MISSES = {
+    ("sglang", (128, 1024, 3.0)): _COPY, ("sglang", (256, 1024, 3.0)): _COPY,
+    ("sglang", (512, 256, 3.0)): _COPY, ("sglang", (1024, 256, 3.0)): _COPY,
+    ("sglang", (512, 1024, 10.0)): _COPY, ("sglang", (128, 4096, 30.0)): _COPY,
+    ("sglang", (256, 4096, 30.0)): _COPY,
+    **{("builtin", (b, 64, 3.0)): _SMALL for b in (64, 128, 136, 256, 512, 1024)},
+    **{("builtin", (b, 256, 10.0)): _SMALL for b in (128, 136, 256, 512)},
+    **{("builtin", (b, 1024, 30.0)): _COPY for b in (64, 128, 136)},
+}
+EXAMPLE_MISS = ("the minimal race's 4 index-K pages (dsa_indexer_per_layer): its read skew on the GPU "
+                "(about 3.3 us median) is below the pooled one the profile holds")
+
+_measured: dict = {}
+
+
+def _provider(name):
+    from gpu_backend.providers import ProviderError, get_provider
+
+    try:
+        return get_provider(name)
+    except ProviderError as e:
+        skip_unavailable_provider(name, str(e))
+
+
+def _measure(provider: str) -> dict:
+    """Stale trials per point of ``provider``'s grid, and the simulator's stale runs."""
+    if provider in _measured:
+        return _measured[provider]
+    from gpu_backend.calibrate.spread import race_doc
+    from gpu_backend.replay import replay
+    from sim.schedule import validate
+
+    prov = _provider(provider)
+    sizes, tokens, computes = GRID[provider]
+    points = [(b, t, c) for c in computes for b in sizes for t in tokens]
+    sim = predict_points(points, PROFILES[provider], SEEDS, workers=min(16, os.cpu_count() or 1))
+    out = {}
+    for p in points:
+        rep = replay(validate(race_doc(*p)), prov, "free", profile=PROFILES[provider], trials=TRIALS, sim_seeds=0)
+        r = rep["reads"][0]
+        assert r["implausible_words"] == 0, f"{provider} {p}: implausible words on the GPU"
+        out[p] = (r["stale_trials"], sim[p])
+    _measured[provider] = out
+    return out
+
+
+def _cases():
+    for provider, (sizes, tokens, computes) in GRID.items():
+        for c in computes:
+            for b in sizes:
+                for t in tokens:
+                    why = KNOWN_MISSES.get((provider, (b, t, c)))
+                    marks = [pytest.mark.xfail(reason=why, strict=False)] if why else []
+                    yield pytest.param(provider, (b, t, c), marks=marks, id=f"{provider}-b{b}-t{t}-c{c:g}")
+
+
+@pytest.mark.parametrize("provider, point", list(_cases()))
+def test_free_sweep_point_agrees_with_the_simulator(provider, point):
+    k_gpu, k_sim = _measure(provider)[point]
+    a = agreement(k_gpu, TRIALS, k_sim, SEEDS)
+    assert a.agrees, (f"{provider} {point}: measured {a.p_gpu:.3f} [{a.gpu_lo:.3f}, {a.gpu_hi:.3f}], simulated "
+                      f"{a.p_sim:.3f}; difference interval [{a.diff_lo:.3f}, {a.diff_hi:.3f}] outside "
+                      f"[{a.band_lo:.3f}, {a.band_hi:.3f}]")
+
+
+@pytest.mark.xfail(reason=EXAMPLE_MISS, strict=False)
+def test_minimal_race_is_predicted_inside_its_measured_interval():
+    from gpu_backend.replay import replay
+    from sim.schedule import load
+
+    prov = _provider("sglang")
+    n = 4 * TRIALS
+    rep = replay(load(EXAMPLE), prov, "free", profile=PROFILES["sglang"], trials=n, sim_seeds=0)
+    k_gpu = rep["reads"][0]["stale_trials"]
+    k_sim = predict_points([EXAMPLE], PROFILES["sglang"], 2 * SEEDS)[EXAMPLE]
+    a = agreement(k_gpu, n, k_sim, 2 * SEEDS)
+    assert a.agrees, (f"minimal race: measured {a.p_gpu:.3f} [{a.gpu_lo:.3f}, {a.gpu_hi:.3f}], simulated "
+                      f"{a.p_sim:.3f} (difference interval [{a.diff_lo:.3f}, {a.diff_hi:.3f}])")
