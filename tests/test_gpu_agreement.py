@@ -9,7 +9,9 @@ provider's points are measured once per module (100 free replays per point, or
 ``KVRACE_AGREEMENT_TRIALS``) and simulated with 200 seeds (``KVRACE_AGREEMENT_SEEDS``) on a
 spawned process pool.  Points that missed on the H200 when the profiles were fitted are marked
 ``xfail`` (not strict) with the reason found there (results/gpu_fidelity.md); any other point
-that misses fails.
+that misses fails.  With ``KVRACE_AGREEMENT_OUT=DIR`` each provider's points are also written to
+``DIR/free_sweep_<provider>.csv`` in ``benchmarks/free_sweep.py``'s format (measured and
+predicted columns; no timed runs), for ``benchmarks/agreement.py`` and the sweep's plot.
 """
 from __future__ import annotations
 
@@ -78,9 +80,33 @@ def _measure(provider: str) -> dict:
         rep = replay(validate(race_doc(*p)), prov, "free", profile=PROFILES[provider], trials=TRIALS, sim_seeds=0)
         r = rep["reads"][0]
         assert r["implausible_words"] == 0, f"{provider} {p}: implausible words on the GPU"
-        out[p] = (r["stale_trials"], sim[p])
+        out[p] = (r["stale_trials"], sim[p], rep)
     _measured[provider] = out
+    if os.environ.get("KVRACE_AGREEMENT_OUT"):
+        _write_csv(provider, out, os.environ["KVRACE_AGREEMENT_OUT"])
     return out
+
+
+def _write_csv(provider: str, out: dict, folder: str) -> None:
+    from benchmarks.free_sweep import write_csv
+    from benchmarks.provenance import git_commit
+    from gpu_backend.compare import wilson_interval
+
+    rows = []
+    for (b, t, c), (k_gpu, k_sim, rep) in out.items():
+        r = rep["reads"][0]
+        plo, phi = wilson_interval(k_sim, SEEDS)
+        rows.append({"compute_us": c, "bytes_per_token": b, "tokens": t, "load_bytes": b * t, "provider": provider,
+                     "device": rep["device"], "trials": TRIALS, "stale_trials": k_gpu,
+                     "measured_stale": k_gpu / TRIALS, "measured_lo": r["stale_ci95"][0],
+                     "measured_hi": r["stale_ci95"][1], "implausible_words": r["implausible_words"],
+                     "sim_seeds": SEEDS, "sim_stale_runs": k_sim, "predicted_stale": k_sim / SEEDS,
+                     "predicted_lo": plo, "predicted_hi": phi, "timed_runs": 0})
+    os.makedirs(folder, exist_ok=True)
+    write_csv(os.path.join(folder, f"free_sweep_{provider}.csv"), rows,
+              {"command": f"KVRACE_AGREEMENT_OUT={folder} python -m pytest -m gpu tests/test_gpu_agreement.py "
+                          f"(profile {PROFILES[provider]}, {TRIALS} trials, {SEEDS} seeds per point)",
+               "commit": os.environ.get("KVRACE_COMMIT") or git_commit()})
 
 
 def _cases():
@@ -95,7 +121,7 @@ def _cases():
 
 @pytest.mark.parametrize("provider, point", list(_cases()))
 def test_free_sweep_point_agrees_with_the_simulator(provider, point):
-    k_gpu, k_sim = _measure(provider)[point]
+    k_gpu, k_sim, _ = _measure(provider)[point]
     a = agreement(k_gpu, TRIALS, k_sim, SEEDS)
     assert a.agrees, (f"{provider} {point}: measured {a.p_gpu:.3f} [{a.gpu_lo:.3f}, {a.gpu_hi:.3f}], simulated "
                       f"{a.p_sim:.3f}; difference interval [{a.diff_lo:.3f}, {a.diff_hi:.3f}] outside "
