@@ -68,7 +68,7 @@ from sim.errors import InputError
 from sim.hb import RACE_LIMIT
 from sim.memory import Clipped, Memory, clip_and_leaves, clip_extents, oob_origin
 from sim.profile import Profile
-from sim.schedule import Schedule, ScheduleBuilder
+from sim.schedule import Schedule, ScheduleBuilder, fewer_full_collections
 from sim.transfers.routines import check_bounds
 from sim.transfers.timing import bytes_done, item_times
 
@@ -651,7 +651,8 @@ class Executor:
         else the builder's record of what they issued."""
         for name, program in programs.items():
             self.env.process(program(Host(self, name)))
-        self.env.run()
+        with fewer_full_collections():
+            self.env.run()
         unfinished = list(self._running.values()) + [op for q in self.queues.values() for op in q.items] \
             + list(self._host_busy.values())
         if unfinished:

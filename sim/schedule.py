@@ -54,7 +54,9 @@ it over a whole document.  Every problem is an
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 
 import hashlib
 import json
@@ -1058,6 +1060,32 @@ def _name_list(doc: dict, key: str, limit: int, limit_name: str, *, default) -> 
     return names
 
 
+#: while a run, a validation or a report is made (see fewer_full_collections)
+GC_YOUNG_THRESHOLD = 20_000
+GC_OLD_THRESHOLD = 1_000_000
+
+
+@contextlib.contextmanager
+def fewer_full_collections():
+    """Within the block, CPython's cyclic collector runs its young collections less often
+    and postpones full ones (the thresholds are raised, then restored; nothing else changes).
+
+    NOTE: a run, a validation or a report allocates millions of small objects that live
+    until it ends (the validated ops, queued ops and their events, per-read results), and
+    each full collection walks every live object again: 20-25 % of a 100k-op static run's
+    CPU.  Results do not depend on when the collector runs; cyclic garbage made inside
+    the block is collected by the young collections or after it."""
+    old = gc.get_threshold()
+    if not gc.isenabled() or old[0] == 0:
+        yield
+        return
+    gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), old[1], max(old[2], GC_OLD_THRESHOLD))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+
+
 def validate(doc: Any, *, max_ops: int | None = MAX_OPS) -> Schedule:
     """Parse and check a schedule document (format 1 or 2); raise InputError naming the key."""
     b = ScheduleBuilder(doc, max_ops=max_ops)
@@ -1065,8 +1093,9 @@ def validate(doc: Any, *, max_ops: int | None = MAX_OPS) -> Schedule:
     if max_ops is not None:
         if not (len(op_list) <= max_ops):
             raise InputError("ops", f"expected at most {max_ops} (MAX_OPS) ops, got {len(op_list)}")
-    for d in op_list:
-        b.add(d)
+    with fewer_full_collections():
+        for d in op_list:
+            b.add(d)
     return b.finish().schedule()
 
 

@@ -48,6 +48,7 @@ from sim.hb import (RACE_LIMIT, HappensBefore, OnlineClocks, RaceTracker, _inter
                     _subtract, accesses, double_written, indeterminate_read_bytes, intra_launch_races,
                     race_scan)
 from sim.memory import Memory, clip_and_leaves as _clip_and_leaves, clip_extents, oob_origin
+from sim.schedule import fewer_full_collections
 
 MAX_DESCRIBE = 16
 #: per intra-launch race: ranges listed, ranges whose candidate writers are described, writers per range
@@ -364,6 +365,11 @@ def analyse(run: RunResult, reference: RunResult | None = None, race_limit: int 
     A run made with ``keep="report"`` carries its verdicts, computed while it ran
     (:class:`OnlineVerdicts`); the report is then assembled from them (``reference``
     must be None and ``race_limit`` at most the run's)."""
+    with fewer_full_collections():
+        return _analyse(run, reference, race_limit)
+
+
+def _analyse(run: RunResult, reference: RunResult | None, race_limit: int | None) -> dict:
     if run.online is not None:
         if reference is not None:
             raise InputError("reference", "a keep='report' run was compared with its reference while it "

@@ -72,3 +72,28 @@ def test_memoised_arrays_are_shared_read_only_and_errors_repeat():
         msgs.append(str(e.value))
     assert msgs[0] == msgs[1] and "ops[2]" in msgs[0]
     assert np.array_equal(a.extents[0], np.asarray(lay.unit_offsets(0, np.array([1, 2]))))
+
+
+def test_fewer_full_collections_restores_the_collector():
+    import gc
+
+    from sim.schedule import GC_OLD_THRESHOLD, fewer_full_collections
+    old = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with fewer_full_collections():
+            inside = gc.get_threshold()
+            with fewer_full_collections():            # nested: restores the outer block's values
+                pass
+            assert gc.get_threshold() == inside
+        assert inside[2] == GC_OLD_THRESHOLD and inside[0] > 700 and gc.get_threshold() == (700, 10, 10)
+        with pytest.raises(RuntimeError):
+            with fewer_full_collections():
+                raise RuntimeError("inside")
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.disable()
+        with fewer_full_collections():
+            assert gc.get_threshold() == (700, 10, 10) and not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.set_threshold(*old)

@@ -12,9 +12,10 @@ def _owner(owner: int) -> str:
     return "initial" if owner < 0 else f"request {owner}"
 
 
-def _pieces(buf: CompactBuffer, offset: int, nbytes) -> tuple[list, list, list, list]:
-    """``buf.pieces(offset, nbytes)`` as lists (starts, lengths, origin ids, stream offsets);
-    a range of a few segments in one block is read without numpy (``_pieces_small``)."""
+def _small_pieces(buf: CompactBuffer, offset: int, nbytes):
+    """The pieces of ``[offset, +nbytes)`` as lists (starts, lengths, origin ids, stream
+    offsets) when the range lies in one block and a few segments (``_pieces_small``:
+    no numpy), else None."""
     if nbytes is not None:
         n = int(nbytes)
         if n > 0 and 0 <= offset <= buf.nbytes - n:
@@ -22,8 +23,7 @@ def _pieces(buf: CompactBuffer, offset: int, nbytes) -> tuple[list, list, list, 
             if got is not None:
                 ps, pe, po, pf = got
                 return ps, [e - a for a, e in zip(ps, pe)], po, pf
-    p = buf.pieces(offset, nbytes)
-    return p.start.tolist(), p.length.tolist(), p.origin_id.tolist(), p.stream_offset.tolist()
+    return None
 
 
 def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) -> list[dict]:
@@ -38,9 +38,18 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) 
     summarises the rest: ``origin`` and the unit keys are None, ``more_runs``
     counts the runs it stands for.
     """
-    p_start, p_length, p_oid, p_soff = _pieces(buf, int(offset), nbytes)
-    n = len(p_start)
     max_items = max(1, int(max_items))
+    small = _small_pieces(buf, int(offset), nbytes)
+    if small is not None:
+        p_start, p_length, p_oid, p_soff = small
+        n = len(p_start)
+        rest_oids = p_oid
+    else:   # NOTE: only the pieces shown are made Python ints (a range may hold millions)
+        p = buf.pieces(offset, nbytes)
+        n = len(p)
+        p_start, p_length, p_oid, p_soff = (a[:max_items].tolist()
+                                            for a in (p.start, p.length, p.origin_id, p.stream_offset))
+        rest_oids = p.origin_id
     shown = n if n <= max_items else max_items - 1
     items = []
     for i in range(shown):
@@ -64,7 +73,7 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) 
         start = p_start[shown]
         end = int(offset) + int(nbytes)
         rest = n - shown
-        origins = len(set(p_oid[shown:]))
+        origins = len(set(rest_oids[shown:] if small is not None else rest_oids[shown:].tolist()))
         rel = start - int(offset)
         items.append({"offset": start, "nbytes": end - start, "origin": None,
                       "first_unit": None, "last_unit": None, "unit_byte_start": None,
