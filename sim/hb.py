@@ -811,6 +811,7 @@ class _LiveBuffer:
         self.rows: list[tuple] = []
         self.buckets: dict[int, list[int]] = {}
         self.wide: list[int] = []
+        self.writes = 0                     # rows that are writes (none: a read cannot race here)
 
     @property
     def n(self) -> int:
@@ -834,6 +835,8 @@ class _LiveBuffer:
         for s0, e0 in zip(s, e):
             self._index(len(self.rows), s0, e0)
             self.rows.append((s0, e0, op, comp, pos, write))
+        if write:
+            self.writes += len(s)
 
     def overlapping(self, s: list, e: list) -> list:
         """The live rows that overlap the merged intervals ``[s, e)`` (lists), in row order."""
@@ -873,6 +876,7 @@ class _LiveBuffer:
         if len(kept) == len(self.rows):
             return
         self.rows, self.buckets, self.wide = kept, {}, []
+        self.writes = sum(1 for row in kept if row[5])
         for r, row in enumerate(kept):
             self._index(r, row[0], row[1])
 
@@ -931,6 +935,8 @@ class RaceTracker:
                     cl = clock.tolist()
                 hits = set()
                 for w, s, e in spans:
+                    if not (w or lb.writes):
+                        continue                # a read where only reads are live: nothing to race
                     for row in lb.overlapping(s, e):
                         # unordered (the row's op is not before this one) and one side writes
                         if cl[row[3]] < row[4] and (w or row[5]):
