@@ -117,8 +117,14 @@ def run(out: Path, quick: bool = False) -> dict:
               "reps": reps, "launch_reps": launch_reps, "seconds": round(time.perf_counter() - t0, 1),
               "rows": rows}
     out.mkdir(parents=True, exist_ok=True)
+    import os
+
+    from benchmarks.provenance import command, git_commit
+
+    result["provenance"] = {"command": command(), "commit": os.environ.get("KVRACE_COMMIT") or git_commit()}
     (out / "bench_providers.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / "bench_providers.md").write_text(markdown(result))
+    (out / "bench_providers.md").write_text(f"<!-- command: {result['provenance']['command']} -->\n"
+                                            f"<!-- commit: {result['provenance']['commit']} -->\n" + markdown(result))
     return result
 
 

@@ -90,3 +90,35 @@ def test_profile_text_gets_the_tables_once_and_stays_loadable():
     p = profile_from_dict(tomllib.loads(twice), "t")
     assert p.timing_table("read_after_compute_us").values == (1.0, 2.0, 3.0)
     assert p.timing_table("copy_rate_factor") is None
+
+
+def test_calibrate_adds_the_timing_tables_from_the_scans(monkeypatch):
+    """kvrace calibrate (full): the scans' tables are appended; a failing scan leaves the text."""
+    import gpu_backend.calibrate.spread as spread
+    from gpu_backend.calibrate.cli import add_timing_tables
+
+    prof = load_profile("h200-calibrated")
+    with open("sim/profiles/h200-calibrated.toml") as f:
+        text = f.read()
+    truth = QuantileTable(tuple(np.linspace(2.0, 6.0, 21)))
+    shapes = []
+    for b, t in ((1024, 256), (512, 1024), (256, 4096)):
+        sh = _scan(race_doc(b, t, 1.0), prof, truth)
+        run = run_schedule(validate(sh["doc"]), prof, seed=0, materialise=False)
+        end = float(run.item_end_us["load_index_k_L0"].max())
+        sh["timed"] = {"copy_start_us": [0.0] * 8, "copy_end_us": list(end * np.linspace(0.98, 1.02, 8))}
+        shapes.append(sh)
+    monkeypatch.setattr(spread, "measure_spread", lambda provider: {"device": "fake", "date": "2026-12-01",
+                                                                     "shapes": shapes})
+    said = []
+    new = add_timing_tables(text, None, said.append)
+    p = profile_from_dict(tomllib.loads(new), "t")
+    assert p.timing_table("read_after_compute_us").quantile(0.5) == pytest.approx(4.0, abs=0.6)
+    assert "race-window scans" in said[-1]
+
+    def broken(provider):
+        raise RuntimeError("no GPU here")
+
+    monkeypatch.setattr(spread, "measure_spread", broken)
+    assert add_timing_tables(text, None, said.append) == text
+    assert "no GPU here" in said[-1]

@@ -41,6 +41,8 @@ def cli_calibrate(args) -> int:
             json.dump({"measurements": meas, "calibration": info}, f, indent=1)
         print(f"kvrace calibrate: the fit failed; raw measurements kept in {raw}", file=sys.stderr)
         raise
+    if level.name == "full":
+        text = add_timing_tables(text, None if to_stdout else f"{args.out}.spread.json", say)
     if to_stdout:
         sys.stdout.write(text)
         prof = profile_from_dict(tomllib.loads(text), "calibrated profile")
@@ -68,6 +70,34 @@ def cli_calibrate(args) -> int:
     say(f"  d2h_gbps {prof.d2h_gbps:.1f}, hbm {prof.hbm_gbps:.0f} GB/s, "
           f"kernel_launch {prof.kernel_launch_us:.2f} us, {prof.sm_count} SMs x {prof.resident_warps_per_sm} warps, jitter {prof.jitter_frac:.4f}")
     return 0
+
+
+def add_timing_tables(text: str, raw_path: str | None, say=print) -> str:
+    """The profile ``text`` with the ``[timing]`` tables of a race-window scan of the builtin
+    provider (``gpu_backend.calibrate.spread`` + ``spread_fit``: the read's launch skew after a
+    compute op, the per-run copy rate factor, the link refitted to the scans' timed copies); the
+    raw scans go to ``raw_path``.  A scan that fails leaves the profile as it was and says why."""
+    from sim.profile import profile_from_dict, tomllib
+
+    from gpu_backend.calibrate.spread import measure_spread
+    from gpu_backend.calibrate.spread_fit import apply_to_profile_text, fit_timing
+
+    try:
+        base = profile_from_dict(tomllib.loads(text), "calibrated profile")
+        raw = measure_spread("builtin")
+        if raw_path:
+            with open(raw_path, "w") as f:
+                json.dump({"provenance": {"command": "kvrace calibrate"}, "providers": {"builtin": raw}}, f, indent=1)
+        fit = fit_timing(raw, base)
+        new = apply_to_profile_text(text, fit, f"[timing] from builtin race-window scans on {raw['device']} "
+                                               f"({raw['date']})")
+        profile_from_dict(tomllib.loads(new), "calibrated profile")
+    except Exception as e:  # the profile without distributions is still a profile
+        say(f"  race-window scans failed ({type(e).__name__}: {e}); the profile has no [timing] tables")
+        return text
+    say(f"  race-window scans: {len(raw['shapes'])} shapes; read skew after compute median "
+        f"{fit['timing']['read_after_compute_us'][len(fit['timing']['read_after_compute_us']) // 2]:.2f} us")
+    return new
 
 
 def main(argv=None) -> int:
