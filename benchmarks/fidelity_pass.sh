@@ -2,6 +2,7 @@
 # GPU fidelity pass (issue 12) on a GPU machine; writes under $OUT (or ./out).
 #   bash benchmarks/fidelity_pass.sh scan      # race-window scans only
 #   bash benchmarks/fidelity_pass.sh measure   # race-window scans + free sweeps measured (no prediction)
+#   bash benchmarks/fidelity_pass.sh agree     # the minimal race + the agreement test only
 #   bash benchmarks/fidelity_pass.sh verify    # GPU agreement test + free sweeps with predictions
 # Every file it writes names its command and commit (KVRACE_COMMIT when the tree has no .git).
 set -uo pipefail
@@ -23,6 +24,10 @@ if [ "$PHASE" = scan ]; then
   step spread 240 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
     --budget-s 12 --out "$OUT/spread.json" \
     --command "python -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX --budget-s 12" --commit "$COMMIT"
+elif [ "$PHASE" = agree ]; then
+  export KVRACE_REQUIRE_PROVIDERS=builtin,sglang KVRACE_AGREEMENT_OUT="$OUT"
+  step race_sglang 40 python3 -m kvrace replay $EX --provider sglang --mode free --trials 400 --profile sim/profiles/h200-calibrated-sglang.toml --json "$OUT/race_sglang.json"
+  step agreement 270 python3 -m pytest -m gpu tests/test_gpu_agreement.py -q -p no:cacheprovider -rxXs
 elif [ "$PHASE" = measure ]; then
   step spread 200 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
     --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 12 --out "$OUT/spread.json" \

@@ -122,3 +122,18 @@ def test_calibrate_adds_the_timing_tables_from_the_scans(monkeypatch):
     monkeypatch.setattr(spread, "measure_spread", broken)
     assert add_timing_tables(text, None, said.append) == text
     assert "no GPU here" in said[-1]
+
+
+def test_anchor_shapes_give_the_skew_and_longer_ones_the_rate():
+    """Scans made with a rate factor 0.8 and a read skew uniform on [2, 4]: the fit finds both."""
+    from dataclasses import replace
+
+    prof = load_profile("h200")
+    truth = QuantileTable(tuple(np.linspace(2.0, 4.0, 21)))
+    slow = replace(prof, h2d_gbps=prof.h2d_gbps / 0.8, warp_gbps=prof.warp_gbps / 0.8,
+                   item_overhead_us=prof.item_overhead_us * 0.8)       # copies at 0.8 of prof's time
+    shapes = [_scan(race_doc(b, t, 1.0), slow, truth) for b, t in ((128, 64), (1024, 256), (512, 1024), (256, 4096))]
+    skew, m, f, rows = read_skew_table(shapes, prof, anchor_us=2.0)
+    assert [r["role"] for r in rows][0] == "anchor" and "rate" in [r["role"] for r in rows]
+    assert f == pytest.approx(0.8, abs=0.03)
+    assert np.interp(0.5, QUANTILES, skew) == pytest.approx(3.0, abs=0.4)

@@ -12,17 +12,16 @@ copy's duration per shape).  Three steps:
    ``Z``, the latest ``c`` at which the read is still stale.  Its quantiles are read off by linear
    interpolation; where ``S`` is below 1 at the smallest ``c`` measured (the lower tail is not
    observed) the quantiles there are clamped to that ``c``, likewise at the top.
-3. **Read skew** (``read_skew_table``): in the simulator the read is stale exactly when
-   ``c + kernel_launch_us + R < E``, with ``E`` the copy's simulated end (step 1's profile, no
-   skew) and ``R`` the read's extra launch delay after a compute op; so ``R = E -
-   kernel_launch_us - Z``, and its quantile at ``q`` is ``E - kernel_launch_us - Z(1 - q)``.
-   The shapes' quantile functions are averaged (a pooled shape: between-shape differences of
-   the median are model error, not spread).  Values below 0 cannot be delays of the read: the
-   table is shifted up by ``m = -min`` and the copy after its wait is delayed by the constant
-   ``m`` instead (only the difference is observed here).
-4. **Copy rate factor** (``rate_factor_table``): each timed run's copy duration over its shape's
+3. **Read skew and copy rate** (``read_skew_table``): in the simulator the read is stale
+   exactly when ``c + kernel_launch_us + R < launch_us + f (E - launch_us)``, with ``E`` the
+   copy's simulated end (step 1's profile, no skew), ``R`` the read's extra launch delay after a
+   compute op and ``f`` the copy's rate factor.  The shapes whose copy is short (the anchors)
+   give ``R``'s distribution, the longer ones ``f`` (see the function).  Values of ``R`` below 0
+   cannot be delays of the read: the table is shifted up by ``m = -min`` and the copy after its
+   wait is delayed by the constant ``m`` instead (only the difference is observed here).
+4. **Copy rate spread** (``rate_factor_table``): each timed run's copy duration over its shape's
    median, pooled over the shapes whose copy takes at least ``min_us``: the per-run spread of the
-   copy rate (``Profile.for_run`` draws one per run).
+   copy rate, times ``f`` (``Profile.for_run`` draws one factor per run).
 """
 from __future__ import annotations
 
@@ -33,6 +32,8 @@ __all__ = ["QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "r
 
 #: the probabilities of the written tables: 0, 0.05, ..., 1
 QUANTILES = np.linspace(0.0, 1.0, 21)
+#: shapes whose simulated copy runs at most this long after its launch set the read skew
+ANCHOR_US = 5.0
 
 
 def pava_nonincreasing(y, w) -> np.ndarray:
@@ -141,18 +142,27 @@ def _copy_end(doc: dict, profile) -> float:
     return max(float(e.max()) for e in run.item_end_us.values() if e.size)
 
 
-def read_skew_table(shapes: list[dict], profile, probs=QUANTILES, *, fit_rate: bool = False, center: bool = True
+def read_skew_table(shapes: list[dict], profile, probs=QUANTILES, *, anchor_us: float = ANCHOR_US
                     ) -> tuple[np.ndarray, float, float, list[dict]]:
     """``(read skew quantiles, copy-after-wait constant m, rate factor f, per-shape rows)``
     (module docstring, steps 3 and 4); ``profile`` is the refitted profile without skew tables.
 
-    With ``fit_rate``: the median window of each shape is regressed on its simulated copy time
-    after launch, ``Z_med = f (E - launch_us) + launch_us - kernel_launch_us - R_med`` (least
-    squares over the uncensored shapes), and each shape's read skew is taken at that rate:
-    ``R(q) = f (E - launch_us) + launch_us - kernel_launch_us - Z(1 - q)``.  ``f`` is the copy's
-    rate as a concurrent read sees it, relative to the event-timed fit (events around the copy
-    add their own time; a read kernel launched while a large copy runs starts later)."""
-    per, rows, es, zs = [], [], [], []
+    In the simulator a shape's read is stale at ``c`` exactly when ``c + kernel_launch_us + R <
+    launch_us + f (E - launch_us)``, ``E`` its simulated copy end and ``f`` the copy's rate
+    factor, so ``R(q) = f (E - launch_us) + launch_us - kernel_launch_us - Z(1 - q)``.
+
+    * The read skew comes from the **anchor** shapes, whose copy runs at most ``anchor_us`` after
+      its launch (``E - launch_us``): there the copy's rate hardly matters, and the window is the
+      read's own delay.  Their quantile functions are averaged about their medians.
+    * The rate factor ``f`` comes from the longer shapes: each one's median window gives
+      ``f_s = (Z_med + kernel_launch_us + R_med - launch_us) / (E - launch_us)``; ``f`` is the
+      median of the ``f_s``.  ``f`` below 1 says the read sees the copy's last byte before the
+      event after the copy kernel records (its timed duration, which the link fit follows).
+    * ``R`` depends on ``f`` through the anchors and ``f`` on ``R``'s median: 20 rounds of
+      fixed-point iteration from ``f = 1``.
+
+    Without anchor shapes every uncensored shape is an anchor and ``f = 1``."""
+    per, rows, es = [], [], []
     for sh in shapes:
         sc = sh["scan"]
         uc, s, _ = survival(sc["compute_us"], sc["trials"], sc["stale"])
@@ -167,36 +177,29 @@ def read_skew_table(shapes: list[dict], profile, probs=QUANTILES, *, fit_rate: b
         e = _copy_end(sh["doc"], profile)
         per.append(z)
         es.append(e)
-        zs.append(float(np.interp(0.5, probs, z)))
-        rows.append({"label": sh["label"], "sim_copy_end_us": e, "z_median_us": zs[-1]})
+        rows.append({"label": sh["label"], "sim_copy_end_us": e, "z_median_us": float(np.interp(0.5, probs, z))})
+    if not per:
+        raise ValueError("no race-window scan with both tails observed; scan longer copies or more compute times")
     L, kl = profile.launch_us, profile.kernel_launch_us
     x = np.asarray(es) - L
-    f = 1.0
-    if fit_rate and len(es) >= 2 and np.ptp(x) > 0:
-        A = np.stack([x, -np.ones_like(x)], axis=1)
-        f, _ = np.linalg.lstsq(A, np.asarray(zs) - (L - kl), rcond=None)[0]
-        f = float(f)
-    skews = []
-    live = iter(range(len(per)))
-    for row in rows:
-        if "censored" in row:
-            continue
-        i = next(live)
-        r = f * x[i] + L - kl - per[i][::-1]
-        skews.append(r)
-        row["read_skew_median_us"] = float(np.interp(0.5, probs, r))
-    skews = np.asarray(skews)
-    mid = np.array([np.interp(0.5, probs, r) for r in skews])
-    if center:
-        # NOTE: each shape's skew about its own median, pooled, then moved to the shapes' median
-        # median: the spread within a shape is the GPU's; the shapes' different medians are the
-        # copy model's error at those shapes, which a wider table would only smear
-        pooled = np.mean(skews - mid[:, None], axis=0) + float(np.median(mid))
-    else:
-        pooled = np.mean(skews, axis=0)
-    pooled = np.maximum.accumulate(pooled)
-    m = max(0.0, -float(pooled.min()))
-    return pooled + m, m, f, rows
+    anchors = [i for i in range(len(per)) if x[i] <= anchor_us] or list(range(len(per)))
+    longer = [i for i in range(len(per)) if i not in anchors]
+    f, skew = 1.0, None
+    for _ in range(20 if longer else 1):
+        r = np.array([f * x[i] + L - kl - per[i][::-1] for i in anchors])
+        mids = np.array([np.interp(0.5, probs, ri) for ri in r])
+        # NOTE: each anchor's skew about its own median, pooled, then moved to the anchors'
+        # median: the spread within a shape is the GPU's, the shapes' different medians are not
+        skew = np.maximum.accumulate(np.mean(r - mids[:, None], axis=0) + float(np.median(mids)))
+        r_med = float(np.interp(0.5, probs, skew))
+        if longer:
+            f = float(np.median([(np.interp(0.5, probs, per[i]) + kl + r_med - L) / x[i] for i in longer]))
+    live = [row for row in rows if "censored" not in row]
+    for i, row in enumerate(live):
+        row["role"] = "anchor" if i in anchors else "rate"
+        row["read_skew_median_us"] = float(np.interp(0.5, probs, f * x[i] + L - kl - per[i][::-1]))
+    m = max(0.0, -float(skew.min()))
+    return skew + m, m, f, rows
 
 
 def rate_factor_table(shapes: list[dict], probs=QUANTILES, min_us: float = 30.0) -> np.ndarray | None:
@@ -213,7 +216,7 @@ def rate_factor_table(shapes: list[dict], probs=QUANTILES, min_us: float = 30.0)
 
 
 def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None, *, fixed_link: bool = False,
-               fit_rate: bool = False, center: bool = True) -> dict:
+               anchor_us: float = ANCHOR_US) -> dict:
     """Everything the profile gets from one provider's scans: the refitted link keys, the
     ``[timing]`` tables and the per-shape diagnostics."""
     from dataclasses import replace
@@ -243,7 +246,7 @@ def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None,
         link = fit_link_model(plans, us, prof)
         prof = replace(prof, h2d_gbps=link["gbps"], warp_gbps=link["warp_gbps"], launch_us=link["launch_us"],
                        item_overhead_us=link["item_overhead_us"])
-    skew, m, f, rows = read_skew_table(shapes, prof, fit_rate=fit_rate, center=center)
+    skew, m, f, rows = read_skew_table(shapes, prof, anchor_us=anchor_us)
     rate = rate_factor_table(shapes)
     tables = {"read_after_compute_us": [float(x) for x in skew]}
     if m > 0:
@@ -295,6 +298,7 @@ def apply_to_profile_text(text: str, fit: dict, source: str) -> str:
     lines.append("shapes = [" + ", ".join(f'"{r["label"]}"' for r in rows) + "]")
     lines.append("z_median_us = [" + ", ".join(f"{r.get('z_median_us', float('nan')):.4f}" if "z_median_us" in r
                                               else "nan" for r in rows) + "]")
+    lines.append("role = [" + ", ".join(f'"{r.get("role", "censored")}"' for r in rows) + "]")
     lines.append("read_skew_median_us = [" + ", ".join(f"{r['read_skew_median_us']:.4f}" if "read_skew_median_us" in r
                                                       else "nan" for r in rows) + "]")
     comment = ("timing: measured distributions (docs/timing.md): quantiles at probabilities 0, 0.05, ..., 1\n"
