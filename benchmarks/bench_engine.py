@@ -1,7 +1,7 @@
 """The engine at scale: wall time and peak memory of `kvrace run` on a scenario, one core.
 
     python benchmarks/bench_engine.py [SCENARIO] [--set key=value]... [--durations 1 3 10]
-                                      [--keep report|all] [--json OUT]
+                                      [--keep report|all] [--sample-every N] [--json OUT]
 
 Runs ``SCENARIO`` (default ``incident-short``) once per simulated duration, each in a fresh
 child process (so peak RSS is that run's), and prints per run: simulated seconds, wall and
@@ -9,7 +9,9 @@ CPU seconds (simulation and verdicts; CPU time is what a shared machine cannot i
 ratio of simulated time to CPU time, peak RSS, requests, ops issued, and the corrupted
 requests.  ``--keep report`` (default) is the streaming engine ``kvrace run`` uses;
 ``--keep all`` keeps the whole run and judges it at the end (the engine's path before
-streaming, and what ``--export-races`` / ``--trace`` still use).  Issue 9's target is 10 simulated minutes of
+streaming, and what ``--export-races`` / ``--trace`` still use).  ``--sample-every N``: every
+N batches, the resident set (``/proc/self/statm``), the peak, the provenance segments of the
+run's memory, the origins and the KV oracle's content keys (the row's ``samples``).  Issue 9's target is 10 simulated minutes of
 ``incident`` in at most 60 s and 2 GiB on one core.
 """
 from __future__ import annotations
@@ -24,21 +26,42 @@ import sys
 import time
 
 
-def _one(scenario: str, sets: list[str], duration: float, keep: str, q) -> None:
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _run_sampled(e, every: int) -> tuple:
+    """``e.run()``, sampling memory every ``every`` batches (see the module doc)."""
+    samples, last = [], -1
+    e.start()
+    while e.step():
+        b = e.counts["batches"]
+        if b % every == 0 and b != last:
+            last = b
+            mem = e.session.memory
+            samples.append({"batches": b, "sim_s": e.session.now / 1e6, "rss_mib": _rss_mib(),
+                            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                            "segments": sum(c.segment_count() for c in mem.compact.values()),
+                            "origins": len(mem.table), "oracle_content": len(e.oracle.content)})
+    return e.finish(), samples
+
+
+def _one(scenario: str, sets: list[str], duration: float, keep: str, every: int, q) -> None:
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
 
     t0 = time.perf_counter()
     c0 = time.process_time()
     e = PrefillEngine(load_scenario(scenario, [*sets, f"run.duration_s={duration}"]), keep=keep)
-    r = e.run()
+    r, samples = _run_sampled(e, every) if every else (e.run(), [])
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     q.put({"scenario": scenario, "set": sets, "keep": keep, "duration_s": duration, "sim_time_s": r.sim_time_s,
            "wall_s": wall, "cpu_s": cpu, "sim_per_wall": r.sim_time_s / wall, "sim_per_cpu": r.sim_time_s / cpu,
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "ops": e.session.finish().n_ops, "requests": r.requests_total, "batches": r.batches,
-           "forwards_one_step": r.forwards_one_step, "reads": r.reads_total,
+           "forwards_one_step": r.forwards_one_step, "reads": r.reads_total, "samples": samples,
            "requests_corrupted": r.requests_corrupted, "load_backs": r.load_backs, "layers": r.layers})
 
 
@@ -48,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--durations", type=float, nargs="+", default=[1.0, 3.0, 10.0])
     ap.add_argument("--keep", choices=["report", "all"], default="report")
+    ap.add_argument("--sample-every", type=int, default=0, metavar="N")
     ap.add_argument("--json")
     a = ap.parse_args(argv)
     ctx = mp.get_context("spawn")
@@ -56,7 +80,7 @@ def main(argv=None) -> int:
           f"python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, load {os.getloadavg()[0]:.1f}")
     for d in a.durations:
         q = ctx.Queue()
-        p = ctx.Process(target=_one, args=(a.scenario, a.set, d, a.keep, q))
+        p = ctx.Process(target=_one, args=(a.scenario, a.set, d, a.keep, a.sample_every, q))
         p.start()
         row = q.get()
         p.join()
