@@ -29,6 +29,7 @@ from typing import Mapping
 import numpy as np
 
 from sim.engine.workload import TokenSource, tokens
+from sim.pools.layouts import PagedLayout
 
 __all__ = ["KVOracle", "content_key"]
 
@@ -164,14 +165,27 @@ class KVOracle:
                 continue
             w = self.expected(req, info.role, np.arange(len(ent), dtype=np.int64) * r + (r - 1), n_ctx)
             unit_dest = ent // lay.entries_per_unit
-            for pl in info.pool_layers:
-                o, _ = lay.token_extents(pl, ent)                    # (entries, fields)
-                offs.append(o.ravel())
-                in_unit.append((o - lay.unit_offsets(pl, unit_dest)[:, None]).ravel())
-                e = np.repeat(np.arange(len(ent)), nf)
-                entry.append(base + e)
-                want.append(w[e])
-                pls.append(np.full(o.size, pl, np.int64))
+            e = np.repeat(np.arange(len(ent)), nf)
+            if isinstance(lay, PagedLayout):
+                # NOTE: a paged layout's pool layer k is layer 0 shifted by k layer sizes, and an
+                # entry's place in its unit does not depend on the layer: every pool layer's
+                # samples at once (the same values, in the same layer-major order, as the loop)
+                o, _ = lay.token_extents(0, ent)                     # (entries, fields)
+                layers = np.asarray(info.pool_layers, np.int64)
+                o0, iu = o.ravel(), (o - lay.unit_offsets(0, unit_dest)[:, None]).ravel()
+                offs.append((layers[:, None] * np.int64(lay.layer_bytes) + o0[None, :]).ravel())
+                in_unit.append(np.tile(iu, len(layers)))
+                entry.append(np.tile(base + e, len(layers)))
+                want.append(np.tile(w[e], len(layers)))
+                pls.append(np.repeat(layers, o0.size))
+            else:
+                for pl in info.pool_layers:
+                    o, _ = lay.token_extents(pl, ent)                    # (entries, fields)
+                    offs.append(o.ravel())
+                    in_unit.append((o - lay.unit_offsets(pl, unit_dest)[:, None]).ravel())
+                    entry.append(base + e)
+                    want.append(w[e])
+                    pls.append(np.full(o.size, pl, np.int64))
             rids.append(rid)
             sizes.append(len(ent))
             base += len(ent)
