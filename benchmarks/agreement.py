@@ -27,8 +27,16 @@ from gpu_backend.agreement import agreement  # noqa: E402
 
 
 def csv_provenance(path: str) -> list[str]:
-    with open(path) as f:
-        return [line[2:].strip() for line in f if line.startswith("# ")]
+    """The ``# key: value`` lines of the CSV's ``.provenance.txt`` (or of the CSV itself)."""
+    import os
+
+    for p in (path + ".provenance.txt", path):
+        if os.path.exists(p):
+            with open(p) as f:
+                lines = [line[2:].strip() for line in f if line.startswith("# ")]
+            if lines:
+                return lines
+    return []
 
 
 def provider_table(name: str, rows: list[dict]) -> tuple[list[str], dict]:

@@ -13,8 +13,15 @@ Wilson interval; every observed word must be plausible), and the simulator's pre
 fraction with the same profile: the fraction of ``--sim-seeds`` seeded runs (compute jitter,
 seeded ties) whose read is stale.  Simulator runs go first, on a process pool, before CUDA starts.
 
-    python3 benchmarks/free_sweep.py --out DIR [--profile PATH] [--trials N] [--provider builtin]
+    python3 benchmarks/free_sweep.py --out DIR [--profile PATH] [--trials N] [--provider builtin] [--timed K]
+    python3 benchmarks/free_sweep.py --out DIR --measure-only ...     # GPU side only
+    python3 benchmarks/free_sweep.py --out DIR --predict DIR/free_sweep.csv --profile PATH   # no GPU
     python3 benchmarks/free_sweep.py --out DIR --plot-only DIR/free_sweep.csv
+
+``--timed K`` adds K runs with CUDA events after each point's trials (medians of the copy's start
+and end, its duration quantiles; the link refit of gpu_backend.calibrate.spread_fit reads them).
+The command and commit go to ``free_sweep.csv.provenance.txt`` beside the CSV (``KVRACE_COMMIT``
+where the tree has no .git).  The agreement table over these CSVs: ``benchmarks/agreement.py``.
 
 Writes DIR/free_sweep.csv and DIR/free_sweep.png (matplotlib; measured and predicted side by
 side, log-x over the bytes loaded).
@@ -129,14 +136,22 @@ def _provenance() -> dict:
 
 
 def write_csv(path: str, rows: list[dict], provenance: dict | None = None) -> None:
-    """The rows, after ``# command:`` / ``# commit:`` lines (``read_csv`` skips ``#`` lines)."""
+    """The rows (a value not measured is ``nan``, so every column but provider and device parses as
+    a float), and ``provenance`` (command, commit) as ``# key: value`` lines in ``PATH.provenance.txt``
+    beside it: the CSV itself stays plain for readers such as notebooks/race_probability.ipynb."""
     with open(path, "w", newline="") as f:
-        for k, v in (provenance or {}).items():
-            f.write(f"# {k}: {v}\n")
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         for row in rows:
-            w.writerow({k: (f"{row[k]:.6g}" if isinstance(row.get(k), float) else row.get(k, "")) for k in FIELDS})
+            out = {}
+            for k in FIELDS:
+                v = row.get(k, "")
+                out[k] = f"{v:.6g}" if isinstance(v, float) else ("nan" if v in ("", None) else v)
+            w.writerow(out)
+    if provenance:
+        with open(path + ".provenance.txt", "w") as f:
+            for k, v in provenance.items():
+                f.write(f"# {k}: {v}\n")
 
 
 def read_csv(path: str) -> list[dict]:
@@ -229,8 +244,11 @@ def main(argv=None) -> int:
                 if r.get(k, "") != "":
                     r[k] = int(r[k])
         csv_path = os.path.join(args.out, "free_sweep.csv")
-        with open(args.predict) as f:
-            measured_by = [line.strip()[2:] for line in f if line.startswith("# ")]
+        side = args.predict + ".provenance.txt"
+        measured_by = []
+        if os.path.exists(side):
+            with open(side) as f:
+                measured_by = [line.strip()[2:] for line in f if line.startswith("# ")]
         write_csv(csv_path, rows, {"command": _provenance()["command"], "commit": _provenance()["commit"],
                                    "measured columns from": "; ".join(measured_by) or args.predict})
         print(f"predicted {len(points)} points x {args.sim_seeds} seeds in {time.perf_counter() - t0:.1f} s; "

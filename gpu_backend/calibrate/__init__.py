@@ -12,7 +12,11 @@ What is measured (CUDA events on one stream, warm-ups first, medians over repeti
   real SGLang kernels on the same copies;
 * an empty-ish kernel and an empty event pair (the launch floor), a 1 GiB device-to-device copy
   (HBM), the SM count and the copy kernel's occupancy (resident warps per SM), and the spin kernel
-  (``torch.cuda._sleep``): cycles per microsecond, then requested against measured durations.
+  (``torch.cuda._sleep``): cycles per microsecond, then requested against measured durations;
+* at the full level, race-window scans of the builtin provider (``gpu_backend.calibrate.spread``):
+  the free sweep's two-stream race run untimed over a grid of compute times, whose stale fractions
+  give the ``[timing]`` tables (the read's launch skew after a compute op, the per-run copy rate
+  factor) and a link refit (``spread_fit``; docs/timing.md).
 
 Each timed operation runs behind a spin kernel on its stream, so the host has enqueued it before
 the stream reaches it and the event pair around it sees what the stream sees: from the moment the
