@@ -66,7 +66,7 @@ import simpy
 
 from sim.errors import InputError
 from sim.hb import RACE_LIMIT
-from sim.memory import Clipped, Memory, clip_and_leaves, clip_extents, oob_origin
+from sim.memory import Clipped, Memory, clip_and_leaves, clipped_plan, oob_origin
 from sim.profile import Profile
 from sim.schedule import Schedule, ScheduleBuilder, fewer_full_collections
 from sim.transfers.routines import check_bounds
@@ -877,15 +877,10 @@ def run_reference(schedule: Schedule, *, materialise: bool = True, table=None) -
     ``table``: an OriginTable to share (a run's: provenance then compares by id)."""
     mem = Memory(schedule.buffers, materialise=materialise, table=table)
     reads = []
-    clipped: dict = {}                 # (id(plan), sizes) -> (plan, Clipped): copies share cached plans
     for op in schedule.ops:
         if op.op == "copy":
             src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
-            key = (id(op.plan), src.nbytes, dst.nbytes)
-            got = clipped.get(key)
-            if got is None or got[0] is not op.plan:
-                got = clipped[key] = (op.plan, clip_extents(op.plan.extents, src.nbytes, dst.nbytes))
-            mem.apply_copy(op.src, op.dst, got[1])
+            mem.apply_copy(op.src, op.dst, clipped_plan(op.plan, src.nbytes, dst.nbytes))
         elif op.op == "write":
             offs, lens = op.extents
             mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)

@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sim.bytes.compact import _ranks
-from sim.memory import clip_extents
+from sim.memory import clipped_plan
 from sim.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -233,7 +233,7 @@ def accesses(schedule: Schedule) -> list[Access]:
             key = (id(op.plan), src.nbytes, dst.nbytes)
             got = per_plan.get(key)
             if got is None or got[0] is not op.plan:
-                c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+                c = clipped_plan(op.plan, src.nbytes, dst.nbytes)
                 got = per_plan[key] = (op.plan, _merge(c.src, np.minimum(c.length, c.fill_start)),
                                        _merge(c.dst, c.fill_end))
                 for a in (*got[1], *got[2]):
@@ -655,7 +655,7 @@ def intra_launch_races(schedule: Schedule) -> list[dict]:
         if op.op != "copy":
             continue
         src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
-        c = clip_extents(op.plan.extents, src.nbytes, dst.nbytes)
+        c = clipped_plan(op.plan, src.nbytes, dst.nbytes)
         if c.item.size < 2 or bool((c.item == c.item[0]).all()):
             continue
         dw = double_written(c.dst, c.dst + c.fill_end, c.item)
@@ -679,8 +679,7 @@ def indeterminate_read_bytes(schedule: Schedule, intra: list[dict] | None = None
     for op in schedule.ops:
         if op.op == "copy":
             src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
-            c = racy[op.index]["clipped"] if op.index in racy else clip_extents(op.plan.extents, src.nbytes,
-                                                                               dst.nbytes)
+            c = racy[op.index]["clipped"] if op.index in racy else clipped_plan(op.plan, src.nbytes, dst.nbytes)
             ss, se = state.get(op.src, (z, z))
             # indeterminate source bytes that are copied, at their destination
             ps, pe, pi = _intersect_sets(c.src, c.src + c.copy_len, ss, se)

@@ -93,6 +93,25 @@ def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
                    np.minimum(in_src, in_dst), in_dst, src_nbytes)
 
 
+#: clipped plans remembered by clipped_plan (cleared when full: memory stays bounded)
+CLIPPED_CACHE_SIZE = 4096
+_CLIPPED: dict = {}
+
+
+def clipped_plan(plan, src_nbytes: int, dst_nbytes: int) -> Clipped:
+    """``clip_extents(plan.extents, src_nbytes, dst_nbytes)``, made once per plan object and
+    sizes while it is remembered: the passes over a schedule (reference run, accesses,
+    intra-launch races, indeterminate bytes) clip each copy once between them.  The result
+    is shared: its arrays must not be modified."""
+    key = (id(plan), src_nbytes, dst_nbytes)
+    got = _CLIPPED.get(key)
+    if got is None or got[0] is not plan:
+        if len(_CLIPPED) >= CLIPPED_CACHE_SIZE:
+            _CLIPPED.clear()
+        got = _CLIPPED[key] = (plan, clip_extents(plan.extents, src_nbytes, dst_nbytes))
+    return got[1]
+
+
 def clip_and_leaves(plan, src_nbytes: int, dst_nbytes: int) -> tuple[Clipped, bool]:
     """A copy plan's extents clipped to its buffers, and whether any extent leaves one."""
     c = clip_extents(plan.extents, src_nbytes, dst_nbytes)
