@@ -153,6 +153,47 @@ def measure(mode: str, n_ops: int, devices: int) -> dict:
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "rss_trend": trend}
 
 
+def split(n_ops: int, devices: int, repeat: int = 3) -> None:
+    """Where a static run's CPU goes: each part timed alone, best of ``repeat`` (the report is
+    timed on a run after the first, so its byte digests come from the per-process cache: the
+    first report of a process also materialises and hashes the device pools)."""
+    from sim.executor import run_schedule
+    from sim.profile import load_profile
+    from sim.schedule import validate
+    from sim.verdicts import analyse
+
+    prof = load_profile("h200")
+    n_req = requests_for(n_ops, devices)
+    doc = header(devices, n_req)
+    hp = doc["buffers"][0]["layout"]["units"]
+    doc["ops"] = [op for r in range(n_req) for d in range(devices) for op in request_ops(d, r, hp)]
+    best: dict[str, float] = {}
+    first_report = None
+    for _ in range(repeat):
+        parts = {}
+        c = time.process_time()
+        s = validate(doc, max_ops=None)
+        parts["validation"], c = time.process_time() - c, time.process_time()
+        run_schedule(s, prof, materialise=False, keep="all")
+        parts["run without verdicts (keep='all')"], c = time.process_time() - c, time.process_time()
+        run = run_schedule(s, prof, materialise=False, keep="report")
+        parts["run with online verdicts (keep='report')"], c = time.process_time() - c, time.process_time()
+        s.digest()
+        parts["schedule digest (part of the run above)"], c = time.process_time() - c, time.process_time()
+        analyse(run)
+        parts["report (analyse)"] = time.process_time() - c
+        first_report = parts["report (analyse)"] if first_report is None else first_report
+        best = {k: min(best.get(k, v), v) for k, v in parts.items()}
+    prov = provenance()
+    print(f"# {len(s.ops)} ops, {devices} devices, code {prov['commit']}, {prov['date']}, "
+          f"load average {prov['load_average']}; CPU seconds, best of {repeat}")
+    print("| part | CPU s | us per op |\n| --- | ---: | ---: |")
+    for k, v in best.items():
+        print(f"| {k} | {v:.3f} | {v / len(s.ops) * 1e6:.1f} |")
+    print(f"| first report of the process (device pools hashed) | {first_report:.3f} | "
+          f"{first_report / len(s.ops) * 1e6:.1f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -163,8 +204,14 @@ def main() -> None:
     ap.add_argument("--profile", type=int, metavar="N", default=0,
                     help="run the first (mode, size) in this process under cProfile and print the N "
                          "entries with the most internal time (the times are then not comparable)")
+    ap.add_argument("--split", action="store_true",
+                    help="for the first size's static document: CPU seconds per part (validation, the run "
+                         "without verdicts, the run with them, the schedule digest, the report), best of three")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "OPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.split:
+        split(args.sizes[0], args.devices)
+        return
     if args.profile:
         import cProfile
         import io
