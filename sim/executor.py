@@ -698,7 +698,7 @@ class Executor:
             elif kind == "read" or kind == "write":
                 yield self._gate(op)
                 t0 = self.env.now
-                yield self.env.timeout(self.p.kernel_launch_us + self._skew(kind, after))
+                yield self.env.timeout(self.p.kernel_launch_us + self._skew(kind, after, self.buffers[op.buffer].device))
                 now = self.env.now
                 if self.active:
                     self._advance(now)
@@ -722,11 +722,25 @@ class Executor:
             self._completed(name)
             after = kind
 
-    def _skew(self, kind: str, after: str | None) -> float:
+    def _skew(self, kind: str, after: str | None, device: int | None = None) -> float:
         """A kernel's launch skew, drawn by the profile (``Profile.launch_skew``) from the run's
         seeded generator: ``kind`` is the kernel's op kind, ``after`` what preceded it on its
-        stream (an op kind, ``"host"`` when the stream had run dry, None for its first op)."""
-        return self.p.launch_skew(self.rng, kind, after)
+        stream (an op kind, ``"host"`` when the stream had run dry, None for its first op), and,
+        for a profile whose skew depends on it (``Profile.skew_by_beside``), the bytes of the
+        copies in flight on ``device`` when the kernel is ready to start."""
+        beside = self._bytes_beside(device) if device is not None and self.p.skew_by_beside else 0
+        return self.p.launch_skew(self.rng, kind, after, beside)
+
+    def _bytes_beside(self, device: int) -> int:
+        """Bytes of the copies started and not finished now whose device side is ``device``
+        (a host <-> device copy's device, a device-to-device copy's destination)."""
+        now, n = self.env.now, 0
+        for cp in self.active:
+            if cp.end_abs.size and cp.end_abs[-1] > now:
+                src, dst = self.buffers[cp.op.src], self.buffers[cp.op.dst]
+                if (src.device if dst.location == "host" else dst.device) == device:
+                    n += int(cp.c.copy_len.sum())
+        return n
 
     def _copy(self, op, after):
         yield self._gate(op)

@@ -180,10 +180,18 @@ class Profile:
         return replace(self, h2d_gbps=self.h2d_gbps / f, d2h_gbps=self.d2h_gbps / f,
                        warp_gbps=self.warp_gbps / f, item_overhead_us=self.item_overhead_us * f, timing=rest)
 
-    def launch_skew(self, rng, kind: str, after: str | None) -> float:
+    @property
+    def skew_by_beside(self) -> bool:
+        """Whether ``launch_skew`` depends on the bytes of the copies in flight beside the kernel
+        (the executor works them out only then): not yet for any profile."""
+        return False
+
+    def launch_skew(self, rng, kind: str, after: str | None, beside_bytes: int = 0) -> float:
         """The extra delay before a kernel of op ``kind`` (copy, read, write) starts, drawn from
         ``rng`` (the run's seeded generator); ``after`` is what preceded it on its stream (an op
-        kind, ``"host"`` when the stream had run dry, None for the stream's first op).  The
+        kind, ``"host"`` when the stream had run dry, None for the stream's first op);
+        ``beside_bytes`` the bytes of the copies in flight on the kernel's device when it is ready
+        (0 unless ``skew_by_beside``; not used yet).  The
         [timing] table ``<kind>_after_<after>_us`` when the profile has it, else ``<kind>_us``;
         else exponential of mean ``launch_jitter_us``, with no draw when that is 0, so runs of a
         profile without either draw the same numbers as before this hook existed."""
