@@ -30,7 +30,7 @@ step = st.tuples(st.sampled_from(["fill", "copy"]), st.integers(0, 1), st.intege
                  st.integers(0, 2), st.integers(0, 40), st.booleans())
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(step, min_size=1, max_size=40))
 def test_one_extent_writes_equal_the_vectorised_path_and_the_bytes(block_segments, steps):
     size = 32 * UNIT
@@ -129,3 +129,32 @@ def test_describe_of_a_few_segments_equals_describe_of_pieces(fills, off, n, max
     finally:
         mp.undo()
     assert fast == slow
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 50), st.integers(0, 5), st.integers(0, 99),
+                          st.sampled_from([16, 20, 7])), min_size=1, max_size=25),
+       st.integers(0, 100), st.sampled_from([1 << 23, 64, 200]))
+def test_materialise_of_many_origins_equals_one_origin_at_a_time(fills, off, batch):
+    """Many origins (``pattern_runs_of``, one pass per unit size, in batches of any size)
+    give the bytes of one ``pattern_runs`` per origin."""
+    import sim.bytes.compact as compact
+    t = OriginTable()
+    size = 64 * UNIT
+    buf = CompactBuffer(size, t, ORIGINS[0])
+    for d, ln, owner, so, ub in fills:
+        buf.fill(d * UNIT, min(ln * 3, size - d * UNIT), Origin("kv", owner % 3, owner, 1, ub), so)
+    off = min(off * 7, size - 1)
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setattr(compact, "_PATTERN_BATCH_BYTES", batch)
+        mp.setattr(compact, "MATERIALISE_PER_ORIGIN", 0)
+        fast = buf.materialise(off, size - off)
+        mp.setattr(compact, "MATERIALISE_PER_ORIGIN", 1 << 30)
+        slow = buf.materialise(off, size - off)
+    finally:
+        mp.undo()
+    p = buf.pieces(off, size - off)
+    want = b"".join(pattern_bytes(buf.table[int(o)], int(s), int(n)).tobytes()
+                    for o, s, n in zip(p.origin_id, p.stream_offset, p.length))
+    assert fast.tobytes() == slow.tobytes() == want

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.bytes.pattern import Origin, _check16, unit_seeds
+from sim.bytes.pattern import _K, Origin, _check16, _fmix32
 from sim.errors import InputError
 
 _I64 = np.int64
@@ -231,10 +231,13 @@ def disjoint_in_order(starts: np.ndarray, ends: np.ndarray):
 # Pattern bytes, vectorised over many runs of one origin
 # --------------------------------------------------------------------------
 _PATTERN_BATCH_BYTES = 8 << 20
+#: materialise generates up to this many origins one by one, more in one pass per unit size
+MATERIALISE_PER_ORIGIN = 4
 
 
-def _pattern_batch(origin: Origin, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    ub = origin.unit_bytes
+def _pattern_batch(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Pattern bytes of runs ``[soff, +lens)`` of origins of unit size ``ub`` whose
+    ``Origin.hash32`` is ``h`` (one uint32, or one per run), concatenated in run order."""
     u0 = soff // ub
     u1 = (soff + lens - 1) // ub
     nu = u1 - u0 + 1
@@ -247,10 +250,12 @@ def _pattern_batch(origin: Origin, soff: np.ndarray, lens: np.ndarray) -> np.nda
     nw = ((b1 - 1) >> 3) - w0 + 1
     chunk = np.repeat(np.arange(len(u)), nw)
     w = (w0[chunk] + _ranks(nw)).astype(np.uint64)
-    seeds = unit_seeds(origin, u)[chunk]
+    many = isinstance(h, np.ndarray) and h.ndim == 1
     with np.errstate(over="ignore"):
+        # unit_seeds and _check16 of pattern.py, with the origin hash per unit and per word
+        seeds = _fmix32((h[run] if many else h) ^ (u.astype(np.uint32) * _K))[chunk]
         words = ((seeds.astype(np.uint64) << np.uint64(32)) | (w << np.uint64(16))
-                 | _check16(origin.hash32, seeds, w))
+                 | _check16(h[run][chunk] if many else h, seeds, w))
     raw = words.astype("<u8", copy=False).view(np.uint8)
     src = _starts_of(nw) * 8 + (b0 & 7)
     clen = b1 - b0
@@ -272,11 +277,34 @@ def pattern_runs(origin: Origin, stream_offsets, lengths) -> np.ndarray:
     soff, lens = np.broadcast_arrays(soff, lens)
     if (soff < 0).any():
         raise InputError("stream_offsets", "expected stream offsets >= 0")
+    return _runs(origin.unit_bytes, origin.hash32, soff, lens)
+
+
+def pattern_runs_of(origins: list, unit_bytes: int, stream_offsets, lengths) -> np.ndarray:
+    """``pattern_runs`` of many origins of one unit size at once: run ``i`` is of
+    ``origins[i]``; equals concatenating ``pattern_runs(origins[i], ...)`` run by run,
+    without a Python loop over origins (a pool whose pages came from many requests)."""
+    soff = np.atleast_1d(np.asarray(stream_offsets, dtype=_I64))
+    lens = np.atleast_1d(np.asarray(lengths, dtype=_I64))
+    if (soff < 0).any():
+        raise InputError("stream_offsets", "expected stream offsets >= 0")
+    if any(o.unit_bytes != unit_bytes for o in origins):
+        raise InputError("origins", f"expected origins of unit_bytes {unit_bytes}")
+    h = np.array([o.hash32 for o in origins], dtype=np.uint32).reshape(-1)
+    return _runs(unit_bytes, h, soff, lens)
+
+
+def _runs(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """The runs' pattern bytes (``h``: one hash, or one per run), generated in batches of
+    about _PATTERN_BATCH_BYTES."""
+    many = isinstance(h, np.ndarray) and h.ndim == 1
     keep = lens > 0
     soff, lens = soff[keep], lens[keep]
+    if many:
+        h = h[keep]
     total = int(lens.sum())
     if total <= _PATTERN_BATCH_BYTES:
-        return _pattern_batch(origin, soff, lens) if total else np.zeros(0, np.uint8)
+        return _pattern_batch(ub, h, soff, lens) if total else np.zeros(0, np.uint8)
     # cut runs into pieces of at most B bytes, then generate in batches of ~B
     B = _PATTERN_BATCH_BYTES
     nper = -(-lens // B)
@@ -284,6 +312,7 @@ def pattern_runs(origin: Origin, stream_offsets, lengths) -> np.ndarray:
     k = _ranks(nper)
     psoff = soff[r] + k * B
     plen = np.minimum(lens[r] - k * B, B)
+    ph = h[r] if many else h
     out = np.empty(total, dtype=np.uint8)
     ends = np.cumsum(plen)
     cuts = np.searchsorted(ends, np.arange(B, total, B), side="left") + 1
@@ -291,7 +320,7 @@ def pattern_runs(origin: Origin, stream_offsets, lengths) -> np.ndarray:
     for c in list(np.unique(cuts)) + [len(plen)]:
         if c <= prev:
             continue
-        part = _pattern_batch(origin, psoff[prev:c], plen[prev:c])
+        part = _pattern_batch(ub, ph[prev:c] if many else ph, psoff[prev:c], plen[prev:c])
         out[pos:pos + len(part)] = part
         pos += len(part)
         prev = c
@@ -654,10 +683,22 @@ class CompactBuffer:
         p = self.pieces(offset, nbytes)
         if len(p) == 0:
             return out
-        ids = np.unique(p.origin_id)
-        for oid in ids.tolist():
-            sel = p.origin_id == oid if len(ids) > 1 else slice(None)
-            flat = pattern_runs(self.table[oid], p.stream_offset[sel], p.length[sel])
+        ids, inv = np.unique(p.origin_id, return_inverse=True)
+        inv = inv.reshape(-1)
+        if len(ids) <= MATERIALISE_PER_ORIGIN:
+            for k, oid in enumerate(ids.tolist()):
+                sel = inv == k if len(ids) > 1 else slice(None)
+                flat = pattern_runs(self.table[oid], p.stream_offset[sel], p.length[sel])
+                scatter_extents(out, p.start[sel] - offset, p.length[sel], flat)
+            return out
+        # NOTE: many origins (a pool written by many requests): one pass per unit size over
+        # every piece, instead of one per origin
+        origins = [self.table[oid] for oid in ids.tolist()]
+        ub = np.array([o.unit_bytes for o in origins], dtype=_I64)
+        for size in np.unique(ub).tolist():
+            sel = ub[inv] == size
+            flat = pattern_runs_of([origins[k] for k in inv[sel].tolist()], size, p.stream_offset[sel],
+                                   p.length[sel])
             scatter_extents(out, p.start[sel] - offset, p.length[sel], flat)
         return out
 
