@@ -101,6 +101,7 @@ MAX_DEVICE = 1023              # device ordinals
 OP_KINDS = ("copy", "read", "write", "compute", "record", "wait", "host_sync", "host_delay", "host_query",
             "barrier")
 STREAM_OPS = ("copy", "read", "write", "compute", "record", "wait")
+_STREAM_OP_SET = frozenset(STREAM_OPS)
 HOST_OPS = ("host_sync", "host_delay", "host_query", "barrier")
 V2_OPS = ("host_query", "barrier")
 MAX_HOSTS = 1024
@@ -702,6 +703,7 @@ class ScheduleBuilder:
         self._blocked: dict[str, str] = {}       # host -> barrier instance it waits at
         self._resolve = None                     # host_query outcomes of a running host (see add)
         self._kinds = OP_KINDS if self.version >= 2 else tuple(k for k in OP_KINDS if k not in V2_OPS)
+        self._kind_set = frozenset(self._kinds)
         self._common = frozenset({"op", "id", "note"} | ({"host"} if self.version >= 2 else set()))
         self._host_set = frozenset(self.hosts)
         self._parsers = {k: getattr(self, f"_parse_{k}") for k in OP_KINDS}
@@ -727,13 +729,13 @@ class ScheduleBuilder:
         ``resolve(record_index) -> bool`` gives a ``host_query``'s outcome when the
         op comes from a running host (documents carry their ``outcome``)."""
         i = self.count
-        w = f"ops[{i}]"
         if self.max_ops is not None and not i < self.max_ops:
-            raise InputError(w, f"expected at most {self.max_ops} (MAX_OPS) ops")
+            raise InputError(f"ops[{i}]", f"expected at most {self.max_ops} (MAX_OPS) ops")
         if not isinstance(d, dict):
-            raise InputError(w, f"expected an object, got {show(d)}")
+            raise InputError(f"ops[{i}]", f"expected an object, got {show(d)}")
         kind = d.get("op")
-        if kind not in self._kinds:
+        if type(kind) is not str or kind not in self._kind_set:
+            w = f"ops[{i}]"
             kind = _get(d, "op", w, str)
             raise InputError(f"{w}.op", f"unknown op {show(kind)}; expected one of {list(self._kinds)}"
                              + ("" if self.version >= 2 else " (host_query and barrier need kvrace_schedule 2)"))
@@ -742,9 +744,9 @@ class ScheduleBuilder:
         else:
             op_id = d["id"]
             if type(op_id) is not str or not 0 < len(op_id) <= MAX_NAME_CHARS:
-                op_id = _label(d, "id", w)
+                op_id = _label(d, "id", f"ops[{i}]")
         if op_id in self._ids:
-            raise InputError(f"{w}.id", f"duplicate op id {show(op_id)}")
+            raise InputError(f"ops[{i}].id", f"duplicate op id {show(op_id)}")
         w = f"ops[{i}] ({op_id})"
         host = d.get("host", DEFAULT_HOST)
         if type(host) is not str or host not in self._host_set:
@@ -758,7 +760,7 @@ class ScheduleBuilder:
             raise InputError(w, f"host {show(host)} issues this op after barrier {show(inst)}, which hosts "
                              f"{show(missing)} reach only later in the list; list ops in issue order")
         op = OP_TYPES[kind](index=i, id=op_id, op=kind, raw=d, host=host)
-        if kind in STREAM_OPS:
+        if kind in _STREAM_OP_SET:
             st = d.get("stream")
             op.stream = st if (type(st) is str and st in self.streams) else _name(d, "stream", w, self.streams,
                                                                                    "stream")
