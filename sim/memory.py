@@ -93,9 +93,12 @@ def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
                    np.minimum(in_src, in_dst), in_dst, src_nbytes)
 
 
-#: clipped plans remembered by clipped_plan (cleared when full: memory stays bounded)
+#: clipped plans remembered by clipped_plan, and their extents in all (cleared when either
+#: is reached: the cache outlives a run, so what it holds stays bounded)
 CLIPPED_CACHE_SIZE = 4096
+CLIPPED_CACHE_EXTENTS = 1 << 20
 _CLIPPED: dict = {}
+_clipped_extents = [0]
 
 
 def clipped_plan(plan, src_nbytes: int, dst_nbytes: int) -> Clipped:
@@ -106,9 +109,15 @@ def clipped_plan(plan, src_nbytes: int, dst_nbytes: int) -> Clipped:
     key = (id(plan), src_nbytes, dst_nbytes)
     got = _CLIPPED.get(key)
     if got is None or got[0] is not plan:
-        if len(_CLIPPED) >= CLIPPED_CACHE_SIZE:
+        c = clip_extents(plan.extents, src_nbytes, dst_nbytes)
+        n = int(c.length.size)
+        if n > CLIPPED_CACHE_EXTENTS // 16:            # a large copy: not worth holding
+            return c
+        if len(_CLIPPED) >= CLIPPED_CACHE_SIZE or _clipped_extents[0] + n > CLIPPED_CACHE_EXTENTS:
             _CLIPPED.clear()
-        got = _CLIPPED[key] = (plan, clip_extents(plan.extents, src_nbytes, dst_nbytes))
+            _clipped_extents[0] = 0
+        got = _CLIPPED[key] = (plan, c)
+        _clipped_extents[0] += n
     return got[1]
 
 
