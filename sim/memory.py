@@ -173,6 +173,7 @@ class Memory:
         out.compact = {name: buf.clone() for name, buf in self.compact.items()}
         out.material = None
         out.arena = self.arena
+        out._same_start = {}
         return out
 
     # ---------------------------------------------------------------- setup
