@@ -233,6 +233,7 @@ def disjoint_in_order(starts: np.ndarray, ends: np.ndarray):
 _PATTERN_BATCH_BYTES = 8 << 20
 #: materialise generates up to this many origins one by one, more in one pass per unit size
 MATERIALISE_PER_ORIGIN = 4
+MATERIALISE_GROUP_BYTES = 1 << 19
 
 
 def _pattern_batch(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
@@ -303,10 +304,12 @@ def _runs(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
     if many:
         h = h[keep]
     total = int(lens.sum())
-    if total <= _PATTERN_BATCH_BYTES:
+    # NOTE: a batch's temporaries are about ten times its bytes; many origins (a whole pool)
+    # go in smaller batches, as many one-origin calls would
+    B = _PATTERN_BATCH_BYTES if not many else max(1, _PATTERN_BATCH_BYTES // 16)
+    if total <= B:
         return _pattern_batch(ub, h, soff, lens) if total else np.zeros(0, np.uint8)
     # cut runs into pieces of at most B bytes, then generate in batches of ~B
-    B = _PATTERN_BATCH_BYTES
     nper = -(-lens // B)
     r = np.repeat(np.arange(len(lens)), nper)
     k = _ranks(nper)
@@ -696,10 +699,21 @@ class CompactBuffer:
         origins = [self.table[oid] for oid in ids.tolist()]
         ub = np.array([o.unit_bytes for o in origins], dtype=_I64)
         for size in np.unique(ub).tolist():
-            sel = ub[inv] == size
-            flat = pattern_runs_of([origins[k] for k in inv[sel].tolist()], size, p.stream_offset[sel],
-                                   p.length[sel])
-            scatter_extents(out, p.start[sel] - offset, p.length[sel], flat)
+            idx = np.flatnonzero(ub[inv] == size)
+            # pieces in groups of about MATERIALISE_GROUP_BYTES, each scattered at once (the
+            # pattern of a whole pool is never held twice)
+            ends = np.cumsum(p.length[idx])
+            cuts = np.unique(np.searchsorted(ends, np.arange(MATERIALISE_GROUP_BYTES, int(ends[-1]),
+                                                             MATERIALISE_GROUP_BYTES), side="left") + 1)
+            prev = 0
+            for c in cuts.tolist() + [len(idx)]:
+                if c <= prev:
+                    continue
+                sel = idx[prev:c]
+                flat = pattern_runs_of([origins[k] for k in inv[sel].tolist()], size, p.stream_offset[sel],
+                                       p.length[sel])
+                scatter_extents(out, p.start[sel] - offset, p.length[sel], flat)
+                prev = c
         return out
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
