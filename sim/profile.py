@@ -7,6 +7,7 @@ second (1 GB/s = 1e3 bytes per microsecond), ``_us`` microseconds.
 """
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 from sim.errors import InputError, require
 
-__all__ = ["Profile", "QuantileTable", "TIMING_KINDS", "TIMING_AFTER", "load_profile", "profile_from_dict",
+__all__ = ["BesideTable", "Profile", "QuantileTable", "TIMING_KINDS", "TIMING_AFTER", "load_profile", "profile_from_dict",
            "shipped_profiles", "timing_key"]
 
 _SCHEMA = {
@@ -70,9 +71,16 @@ _OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent")),
 #   copy_rate_factor: drawn once per run (Profile.for_run); every copy's rate terms (h2d_gbps,
 #     d2h_gbps, warp_gbps) are divided by it and item_overhead_us multiplied by it for that run
 #     (> 0; 1.2 = every round of a kernel copy 20 % longer).
+# Optional [timing.beside.<key>] tables (<key> one of the skew keys above): the same skew drawn
+# from a table chosen by the bytes of the copies in flight beside the kernel (BesideTable):
+#   upto_bytes: 1 to 64 strictly increasing integers > 0; tables: len(upto_bytes) + 1 quantile
+#   tables; a kernel with b bytes beside it draws from tables[i] for the first i with
+#   b <= upto_bytes[i], from the last table above them all.  It takes the place of the plain
+#   table of the same key (Profile.launch_skew; Profile.skew_by_beside is then true).
 TIMING_KINDS = ("copy", "read", "write")
 TIMING_AFTER = ("compute", "wait", "record", "copy", "read", "write", "host", "first")
 MAX_QUANTILES = 1001
+MAX_BESIDE_BUCKETS = 64
 
 
 def timing_key(kind: str, after: str | None) -> str:
@@ -80,8 +88,9 @@ def timing_key(kind: str, after: str | None) -> str:
     return f"{kind}_after_{after or 'first'}_us"
 
 
-_TIMING_KEYS = frozenset([timing_key(k, a) for k in TIMING_KINDS for a in TIMING_AFTER]
-                         + [f"{k}_us" for k in TIMING_KINDS] + ["copy_rate_factor"])
+_SKEW_KEYS = frozenset([timing_key(k, a) for k in TIMING_KINDS for a in TIMING_AFTER]
+                       + [f"{k}_us" for k in TIMING_KINDS])
+_TIMING_KEYS = _SKEW_KEYS | {"copy_rate_factor"}
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,41 @@ class QuantileTable:
     def mean(self) -> float:
         v = np.asarray(self.values, dtype=np.float64)
         return float(v[0]) if v.size == 1 else float(((v[:-1] + v[1:]) / 2).mean())
+
+
+@dataclass(frozen=True)
+class BesideTable:
+    """A skew distribution conditional on the bytes beside the kernel: ``tables[i]`` holds for
+    ``upto_bytes[i-1] < bytes <= upto_bytes[i]`` (``tables[0]`` from 0, the last one above
+    ``upto_bytes[-1]``); ``len(tables) == len(upto_bytes) + 1``."""
+
+    upto_bytes: tuple
+    tables: tuple
+
+    def table_for(self, beside_bytes: int) -> QuantileTable:
+        """The table of the first bucket whose upper bound is at least ``beside_bytes``."""
+        return self.tables[bisect.bisect_left(self.upto_bytes, beside_bytes)]
+
+
+def _beside_table(v, where: str, key: str) -> BesideTable:
+    name = f"{where}: timing.beside.{key}"
+    require(key in _SKEW_KEYS, name, f"unknown key; a beside table is keyed like a skew table: "
+                                     f"<kind>_after_<after>_us or <kind>_us (kind one of {list(TIMING_KINDS)})")
+    require(isinstance(v, dict), name, f"expected a table with upto_bytes and tables, got {v!r}")
+    extra = sorted(set(v) - {"upto_bytes", "tables"})
+    require(not extra, f"{name}.{extra[0] if extra else ''}", "unknown key; expected upto_bytes and tables")
+    upto = v.get("upto_bytes")
+    ok = isinstance(upto, list) and 1 <= len(upto) <= MAX_BESIDE_BUCKETS and all(
+        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in upto)
+    require(ok, f"{name}.upto_bytes", f"expected a list of 1 to {MAX_BESIDE_BUCKETS} integers > 0, got {upto!r}")
+    require(all(b > a for a, b in zip(upto, upto[1:])), f"{name}.upto_bytes",
+            f"expected strictly increasing bounds, got {upto!r}")
+    tables = v.get("tables")
+    require(isinstance(tables, list) and len(tables) == len(upto) + 1, f"{name}.tables",
+            f"expected a list of len(upto_bytes) + 1 = {len(upto) + 1} quantile tables, got "
+            f"{len(tables) if isinstance(tables, list) else repr(tables)}")
+    return BesideTable(tuple(upto), tuple(_quantile_table(t, where, f"beside.{key}.tables[{i}]", False)
+                                          for i, t in enumerate(tables)))
 
 
 def _quantile_table(v, where: str, key: str, positive: bool) -> QuantileTable:
@@ -155,6 +199,8 @@ class Profile:
     #: the [timing] table: (key, QuantileTable) pairs, sorted by key (a tuple: the profile stays
     #: hashable and frozen)
     timing: tuple = ()
+    #: the [timing.beside] tables: (key, BesideTable) pairs, sorted by key
+    timing_beside: tuple = ()
 
     def timing_table(self, key: str) -> QuantileTable | None:
         """The [timing] quantile table of ``key``, or None."""
@@ -183,22 +229,35 @@ class Profile:
     @property
     def skew_by_beside(self) -> bool:
         """Whether ``launch_skew`` depends on the bytes of the copies in flight beside the kernel
-        (the executor works them out only then): not yet for any profile."""
-        return False
+        (the executor works them out only then): exactly when the profile has a
+        ``[timing.beside]`` table."""
+        return bool(self.timing_beside)
+
+    def beside_table(self, key: str) -> BesideTable | None:
+        """The [timing.beside] table of ``key``, or None."""
+        for k, t in self.timing_beside:
+            if k == key:
+                return t
+        return None
 
     def launch_skew(self, rng, kind: str, after: str | None, beside_bytes: int = 0) -> float:
         """The extra delay before a kernel of op ``kind`` (copy, read, write) starts, drawn from
         ``rng`` (the run's seeded generator); ``after`` is what preceded it on its stream (an op
         kind, ``"host"`` when the stream had run dry, None for the stream's first op);
         ``beside_bytes`` the bytes of the copies in flight on the kernel's device when it is ready
-        (0 unless ``skew_by_beside``; not used yet).  The
-        [timing] table ``<kind>_after_<after>_us`` when the profile has it, else ``<kind>_us``;
-        else exponential of mean ``launch_jitter_us``, with no draw when that is 0, so runs of a
-        profile without either draw the same numbers as before this hook existed."""
-        if self.timing:
-            table = self.timing_table(timing_key(kind, after)) or self.timing_table(f"{kind}_us")
-            if table is not None:
-                return table.sample(rng)
+        (the executor passes 0 unless ``skew_by_beside``).  The first of: the beside table
+        ``<kind>_after_<after>_us`` (its bucket of ``beside_bytes``), the plain table of that key,
+        the beside table ``<kind>_us``, the plain table ``<kind>_us``; else exponential of mean
+        ``launch_jitter_us``, with no draw when that is 0, so runs of a profile without tables
+        draw the same numbers as before this hook existed.  Every table draws one uniform."""
+        if self.timing or self.timing_beside:
+            for key in (timing_key(kind, after), f"{kind}_us"):
+                beside = self.beside_table(key) if self.timing_beside else None
+                if beside is not None:
+                    return beside.table_for(beside_bytes).sample(rng)
+                table = self.timing_table(key)
+                if table is not None:
+                    return table.sample(rng)
         j = self.launch_jitter_us
         return float(rng.exponential(j)) if j > 0 else 0.0
 
@@ -277,6 +336,10 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
             values["link_sharing" if key == "sharing" else key] = v
     timing = doc.get("timing", {})
     require(isinstance(timing, dict), f"{where}: [timing]", f"expected a table, got {timing!r}")
+    beside = timing.get("beside", {})
+    require(isinstance(beside, dict), f"{where}: [timing.beside]", f"expected a table, got {beside!r}")
+    values["timing_beside"] = tuple((key, _beside_table(beside[key], where, key)) for key in sorted(beside))
+    timing = {k: v for k, v in timing.items() if k != "beside"}
     for key in timing:
         require(key in _TIMING_KEYS, f"{where}: timing.{key}",
                 f"unknown key; expected <kind>_after_<after>_us (kind one of {list(TIMING_KINDS)}, after one "

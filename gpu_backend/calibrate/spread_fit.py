@@ -22,18 +22,34 @@ copy's duration per shape).  Three steps:
 4. **Copy rate spread** (``rate_factor_table``): each timed run's copy duration over its shape's
    median, pooled over the shapes whose copy takes at least ``min_us``: the per-run spread of the
    copy rate, times ``f`` (``Profile.for_run`` draws one factor per run).
+5. **Read skew by the copy beside it** (``beside_offsets``): the read's delay grows with the
+   copy running beside it.  The bytes of that copy (what ``Profile.launch_skew`` gets as
+   ``beside_bytes``) are cut into buckets (``BESIDE_UPTO``, a factor of 2 apart); each bucket's
+   table is step 3's table moved by one offset, fitted by binomial likelihood to every stale
+   count of the shapes in that bucket (the scans' and the measured sweeps' points, censored
+   shapes included: a count at any ``c`` is evidence).  A bucket without data keeps step 3's table.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
+__all__ = ["BESIDE_UPTO", "beside_offsets", "stale_probability", "QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
            "rate_factor_table", "fit_timing", "timing_toml"]
 
 #: the probabilities of the written tables: 0, 0.05, ..., 1
 QUANTILES = np.linspace(0.0, 1.0, 21)
 #: shapes whose simulated copy runs at most this long after its launch set the read skew
 ANCHOR_US = 5.0
+#: upper bounds (bytes beside the read) of the buckets of the conditional read skew: 2^(k + 1/2)
+#: for k = 13 .. 21 (11,585 .. 2,965,821 B), so each bucket holds one of the sweep's power-of-two
+#: load sizes (8 KiB .. 4 MiB) and the 136 B rows' loads next to it.  NOTE: buckets a factor of 4
+#: apart (two load sizes each) agreed at fewer points (sglang 44, builtin 68 of the 4c0c97d
+#: agreement run's points, against 45 and 69): the bytes beside do not order the delay
+#: monotonically, so neighbouring sizes must not share an offset
+BESIDE_UPTO = tuple(int(round(2 ** (k + 0.5))) for k in range(13, 22))
+#: the offsets a bucket's fit tries: steps of this many microseconds, up to BESIDE_MAX_US
+BESIDE_STEP_US = 0.05
+BESIDE_MAX_US = 20.0
 
 
 def pava_nonincreasing(y, w) -> np.ndarray:
@@ -215,10 +231,92 @@ def rate_factor_table(shapes: list[dict], probs=QUANTILES, min_us: float = 30.0)
     return np.quantile(np.concatenate(ratios), probs)
 
 
+def _copy_bytes(doc: dict) -> int:
+    """Bytes of the schedule's copies (what ``sim.executor``'s ``_bytes_beside`` counts for the
+    read of a race document, whose one copy is in flight when the read is ready)."""
+    from sim.schedule import validate
+
+    return int(sum(int(np.asarray(o.plan.extents.length).sum()) for o in validate(doc).ops if o.op == "copy"))
+
+
+def stale_probability(margin_us, skew, rate) -> np.ndarray:
+    """``P(R + delta < f x + L + m - kl - c)`` for every ``delta`` of ``margin_us``'s caller: the
+    simulator's stale rule with ``R`` and ``f`` drawn independently from the quantile tables
+    ``skew`` and ``rate``.  ``margin_us(f)`` gives ``f x + L + m - kl - c`` for an array of ``f``;
+    the result is the sorted array of ``margin - R`` over a grid of 201 x 41 quantiles, so that
+    ``P(stale | delta) = 1 - searchsorted(result, delta, 'right') / result.size``."""
+    from sim.profile import QuantileTable
+
+    r = np.array([QuantileTable(tuple(skew)).quantile(q) for q in np.linspace(0, 1, 201)])
+    f = np.array([QuantileTable(tuple(rate)).quantile(q) for q in np.linspace(0, 1, 41)]) if rate is not None \
+        else np.ones(1)
+    return np.sort((margin_us(f)[:, None] - r[None, :]).ravel())
+
+
+def beside_offsets(points: list[dict], skew, rate, upto=BESIDE_UPTO) -> list[dict]:
+    """One offset per bucket of ``upto`` (and one above): the ``delta`` that maximises the
+    binomial likelihood of the stale counts of the ``points`` in that bucket, where a point
+    (``bytes``, ``c``, ``n``, ``k``, ``x`` = its simulated copy's run after its launch, ``L``,
+    ``kl``, ``m``) is stale with ``stale_probability`` under ``R + delta``.  ``delta`` runs from
+    ``-min(skew)`` (no negative delay) to ``BESIDE_MAX_US`` in steps of ``BESIDE_STEP_US``; among
+    equal likelihoods the smallest ``|delta|`` wins, and a bucket without points gets 0."""
+    skew = np.asarray(skew, float)
+    lowest = -float(skew.min())
+    deltas = np.unique(np.round(np.concatenate([[lowest, 0.0], np.arange(np.ceil(lowest / BESIDE_STEP_US) * BESIDE_STEP_US,
+                                                                         BESIDE_MAX_US + 1e-9, BESIDE_STEP_US)]), 6))
+    out = []
+    for i in range(len(upto) + 1):
+        lo = upto[i - 1] if i else 0
+        hi = upto[i] if i < len(upto) else None
+        mine = [p for p in points if p["bytes"] > lo and (hi is None or p["bytes"] <= hi)]
+        if not mine:
+            out.append({"upto_bytes": hi, "offset_us": 0.0, "points": 0, "trials": 0})
+            continue
+        nll = np.zeros(deltas.size)
+        for p in mine:
+            t = stale_probability(lambda f, p=p: f * p["x"] + p["L"] + p["m"] - p["kl"] - p["c"], skew, rate)
+            s = 1.0 - np.searchsorted(t, deltas, side="right") / t.size
+            s = np.clip(s, 1e-4, 1 - 1e-4)
+            nll -= p["k"] * np.log(s) + (p["n"] - p["k"]) * np.log(1 - s)
+        best = np.flatnonzero(nll <= nll.min() + 1e-9)
+        d = float(deltas[best[np.argmin(np.abs(deltas[best]))]])
+        out.append({"upto_bytes": hi, "offset_us": d, "points": len(mine), "trials": int(sum(p["n"] for p in mine))})
+    return out
+
+
+def _beside_points(shapes: list[dict], sweep_rows: list[dict], profile, m: float) -> list[dict]:
+    """The stale counts the beside fit uses: every scan point and every measured sweep point."""
+    from gpu_backend.calibrate.spread import race_doc
+
+    L, kl = profile.launch_us, profile.kernel_launch_us
+    pts, memo = [], {}
+
+    def shape(doc):
+        key = doc.get("name", "")
+        if key not in memo:
+            memo[key] = (_copy_bytes(doc), _copy_end(doc, profile) - L)
+        return memo[key]
+
+    for sh in shapes:
+        b, x = shape(sh["doc"])
+        sc = sh["scan"]
+        for c, n, k in zip(sc["compute_us"], sc["trials"], sc["stale"]):
+            pts.append({"bytes": b, "c": float(c), "n": int(n), "k": int(k), "x": x, "L": L, "kl": kl, "m": m})
+    for r in sweep_rows:
+        if r.get("stale_trials") in (None, "") or r.get("trials") in (None, ""):
+            continue
+        doc = race_doc(int(r["bytes_per_token"]), int(r["tokens"]), 1.0)
+        b, x = shape(doc)
+        pts.append({"bytes": b, "c": float(r["compute_us"]), "n": int(float(r["trials"])),
+                    "k": int(float(r["stale_trials"])), "x": x, "L": L, "kl": kl, "m": m})
+    return pts
+
+
 def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None, *, fixed_link: bool = False,
-               anchor_us: float = ANCHOR_US) -> dict:
+               anchor_us: float = ANCHOR_US, beside_upto=BESIDE_UPTO) -> dict:
     """Everything the profile gets from one provider's scans: the refitted link keys, the
-    ``[timing]`` tables and the per-shape diagnostics."""
+    ``[timing]`` tables (with ``beside_upto``, not empty: the read skew by the bytes beside it,
+    ``beside_offsets``, under ``tables["beside"]``) and the per-shape diagnostics."""
     from dataclasses import replace
 
     from gpu_backend.calibrate.spread import race_doc
@@ -253,16 +351,28 @@ def fit_timing(spread: dict, base_profile, sweep_rows: list[dict] | None = None,
         tables["copy_after_wait_us"] = [m]
     if rate is not None or f != 1.0:
         tables["copy_rate_factor"] = [float(x) * f for x in (rate if rate is not None else [1.0])]
+    beside = None
+    if beside_upto:
+        offs = beside_offsets(_beside_points(shapes, sweep_rows or [], prof, m), skew,
+                              tables.get("copy_rate_factor"), beside_upto)
+        tables["beside"] = {"read_after_compute_us": {
+            "upto_bytes": list(beside_upto), "tables": [[float(v) + o["offset_us"] for v in skew] for o in offs]}}
+        beside = offs
     return {"profile": prof, "link": link, "timing": tables, "shapes": rows, "copy_samples": len(us),
-            "rate_median": f}
+            "rate_median": f, "beside": beside}
 
 
 def timing_toml(tables: dict, comment: str) -> str:
     """The ``[timing]`` table as TOML text (``comment`` lines first)."""
     lines = [f"# {line}" for line in comment.splitlines()] + ["[timing]"]
-    for key in sorted(tables):
+    for key in sorted(k for k in tables if k != "beside"):
         vals = ", ".join(f"{v:.4f}" for v in tables[key])
         lines.append(f"{key} = [{vals}]")
+    for key, b in sorted(tables.get("beside", {}).items()):
+        lines += ["", f"[timing.beside.{key}]", "upto_bytes = [" + ", ".join(str(int(u)) for u in b["upto_bytes"]) + "]",
+                  "tables = ["]
+        lines += ["  [" + ", ".join(f"{v:.4f}" for v in t) + "]," for t in b["tables"]]
+        lines.append("]")
     return "\n".join(lines) + "\n"
 
 
@@ -276,7 +386,7 @@ def apply_to_profile_text(text: str, fit: dict, source: str) -> str:
     for line in text.splitlines():
         head = re.match(r"^\[([^\]]+)\]\s*(#.*)?$", line.strip())
         if head:
-            skip = head.group(1) in ("timing", "fit.spread") or head.group(1).startswith("fit.spread.")
+            skip = head.group(1) in ("timing", "fit.spread") or head.group(1).startswith(("fit.spread.", "timing."))
         if skip or line.startswith("# [timing]") or line.startswith("# timing:"):
             continue
         out.append(line)
@@ -301,9 +411,17 @@ def apply_to_profile_text(text: str, fit: dict, source: str) -> str:
     lines.append("role = [" + ", ".join(f'"{r.get("role", "censored")}"' for r in rows) + "]")
     lines.append("read_skew_median_us = [" + ", ".join(f"{r['read_skew_median_us']:.4f}" if "read_skew_median_us" in r
                                                       else "nan" for r in rows) + "]")
+    if fit.get("beside"):
+        bs = fit["beside"]
+        lines.append("beside_offset_us = [" + ", ".join(f"{o['offset_us']:.2f}" for o in bs) + "]")
+        lines.append("beside_points = [" + ", ".join(str(o["points"]) for o in bs) + "]")
+        lines.append("beside_trials = [" + ", ".join(str(o["trials"]) for o in bs) + "]")
     comment = ("timing: measured distributions (docs/timing.md): quantiles at probabilities 0, 0.05, ..., 1\n"
                "read_after_compute_us: race-window scans (gpu_backend.calibrate.spread); copy_rate_factor: the\n"
                "copy's rate as a concurrent read sees it times the per-run spread of timed copy durations")
+    if fit["timing"].get("beside"):
+        comment += ("\nbeside.read_after_compute_us: the same table moved by one offset per bucket of the bytes\n"
+                    "of the copy in flight beside the read ([fit.spread] beside_offset_us; spread_fit.beside_offsets)")
     return text + "\n".join(lines) + "\n\n" + timing_toml(fit["timing"], comment)
 
 
@@ -346,7 +464,8 @@ def main(argv=None) -> int:
     with open(args.out, "w") as f:
         f.write(new)
     print(f"wrote {args.out}: rate median {fit['rate_median']:.3f}, read skew median "
-          f"{np.interp(0.5, QUANTILES, fit['timing']['read_after_compute_us']):.2f} us")
+          f"{np.interp(0.5, QUANTILES, fit['timing']['read_after_compute_us']):.2f} us; offsets by bytes beside "
+          + ", ".join(f"<= {o['upto_bytes']}: {o['offset_us']:+.2f} us ({o['points']} points)" for o in fit["beside"] or []))
     return 0
 
 
