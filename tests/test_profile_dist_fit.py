@@ -114,7 +114,8 @@ def test_calibrate_adds_the_timing_tables_from_the_scans(monkeypatch):
     new = add_timing_tables(text, None, said.append)
     p = profile_from_dict(tomllib.loads(new), "t")
     assert p.timing_table("read_after_compute_us").quantile(0.5) == pytest.approx(4.0, abs=0.6)
-    assert "race-window scans" in said[-1]
+    assert p.skew_by_beside            # the full level writes the skew by the bytes beside too
+    assert "race-window scans" in said[-1] and "bytes beside" in said[-1]
 
     def broken(provider):
         raise RuntimeError("no GPU here")

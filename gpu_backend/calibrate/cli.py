@@ -75,7 +75,8 @@ def cli_calibrate(args) -> int:
 def add_timing_tables(text: str, raw_path: str | None, say=print) -> str:
     """The profile ``text`` with the ``[timing]`` tables of a race-window scan of the builtin
     provider (``gpu_backend.calibrate.spread`` + ``spread_fit``: the read's launch skew after a
-    compute op, the per-run copy rate factor, the link refitted to the scans' timed copies); the
+    compute op, and that skew by the bytes of the copy beside the read (``[timing.beside]``, from
+    the scans alone), the per-run copy rate factor, the link refitted to the scans' timed copies); the
     raw scans go to ``raw_path``.  A scan that fails leaves the profile as it was and says why."""
     from sim.profile import profile_from_dict, tomllib
 
@@ -96,7 +97,9 @@ def add_timing_tables(text: str, raw_path: str | None, say=print) -> str:
         say(f"  race-window scans failed ({type(e).__name__}: {e}); the profile has no [timing] tables")
         return text
     say(f"  race-window scans: {len(raw['shapes'])} shapes; read skew after compute median "
-        f"{fit['timing']['read_after_compute_us'][len(fit['timing']['read_after_compute_us']) // 2]:.2f} us")
+        f"{fit['timing']['read_after_compute_us'][len(fit['timing']['read_after_compute_us']) // 2]:.2f} us; "
+        "offsets by the bytes beside the read: " + ", ".join(
+            f"{o['offset_us']:+.2f} us" for o in fit.get("beside") or []))
     return new
 
 
