@@ -45,9 +45,10 @@ PAGE = 64
 
 
 @st.composite
-def workloads(draw, gate_maps=(UNGATED, GATED)):
+def workloads(draw, gate_maps=(UNGATED, GATED), event_loop=None):
     """``(overrides, seed)`` for a small run of the preset: a few sessions of a few turns over a
-    device pool of 1.5k to 3k tokens, so later turns find their prefix evicted to the host."""
+    device pool of 1.5k to 3k tokens, so later turns find their prefix evicted to the host.
+    ``event_loop``: also set ``scheduler.event_loop`` (and a chunk size that chunks often)."""
     pool = draw(st.sampled_from([1536, 2048, 3072]))
     user_min = draw(st.integers(32, 256))
     overrides = [
@@ -63,6 +64,9 @@ def workloads(draw, gate_maps=(UNGATED, GATED)):
         # NOTE: a turn always fits the device pool with room for its last page
         f"workload.max_context_tokens={pool - PAGE}",
     ]
+    if event_loop is not None:
+        overrides += [f"scheduler.event_loop={event_loop}",
+                      f"scheduler.chunked_prefill_size={draw(st.sampled_from([128, 256, 2048]))}"]
     return overrides, draw(st.integers(0, 2 ** 16))
 
 
@@ -374,4 +378,26 @@ TestEngineMachine.settings = settings(max_examples=3, stateful_step_count=25, de
 @pytest.mark.slow
 class TestEngineMachineDeep(EngineMachine.TestCase):
     settings = settings(max_examples=40, stateful_step_count=80, deadline=None,
+                        suppress_health_check=[HealthCheck.too_slow])
+
+
+class OverlapEngineMachine(EngineMachine):
+    """The same machine on the overlap loop (``scheduler.event_loop = "overlap"``: each batch's
+    result processed one iteration later, the chunked request stashed into the tree per chunk):
+    every request ends, owns what it read, and with the gated map (the load fenced, the
+    default) nothing is corrupted."""
+
+    @initialize(case=workloads(event_loop="overlap"))
+    def start(self, case):
+        super().start(case)
+
+
+TestOverlapEngineMachine = OverlapEngineMachine.TestCase
+TestOverlapEngineMachine.settings = settings(max_examples=3, stateful_step_count=25, deadline=None,
+                                             suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.mark.slow
+class TestOverlapEngineMachineDeep(OverlapEngineMachine.TestCase):
+    settings = settings(max_examples=30, stateful_step_count=80, deadline=None,
                         suppress_health_check=[HealthCheck.too_slow])

@@ -50,7 +50,7 @@ from sim.profile import load_profile
 from sim.schedule import ScheduleBuilder
 
 __all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "MODEL_ROLES", "SWITCH_MODELS", "STREAMS",
-           "HOST"]
+           "HOST", "BATCH_EVENT"]
 
 #: model families: the device pool classes of ``sim.pools`` a session can build
 MODELS = ("mla", "dsa", "deepseek-v4")
@@ -70,6 +70,8 @@ FP8_INDEX_K_ENTRY_BYTES = INDEX_HEAD_DIM + INDEX_SCALE_BYTES
 #: the run's streams: the scheduler's current stream in overlap mode, the forward stream,
 #: the controller's load and write streams
 STREAMS = ("schedule", "forward", "load", "write")
+#: the name of the scheduler's k-th batch event (``SessionConfig.batch_events``)
+BATCH_EVENT = "copy_done.{}"
 HOST = "scheduler"
 
 
@@ -105,6 +107,9 @@ class SessionConfig:
       False: ``forward`` (the default stream).
     * ``load_fence`` (False): SGLang PR #36738's fence (load stream waits for ``forward``).
     * ``write_event_pool``: write-event name pairs declared (64).
+    * ``batch_events`` (0): event names ``copy_done.0`` .. ``copy_done.{n-1}`` declared for the
+      scheduler's own use (the overlap loop records one after each batch's forward and later
+      waits on it, SGLang's ``copy_done``; :data:`BATCH_EVENT`).
     * MLA geometry: ``kv_lora_rank`` (512), ``qk_rope_head_dim`` (64), ``itemsize`` (2).
     * ``profile`` (``"h200"``), ``seed`` (0), ``ties`` (``"fifo"``), ``materialise`` (True:
       real bytes too when they fit).
@@ -128,6 +133,7 @@ class SessionConfig:
     overlap: bool = True
     load_fence: bool = False
     write_event_pool: int = DEFAULT_WRITE_EVENT_POOL
+    batch_events: int = 0
     kv_lora_rank: int = 512
     qk_rope_head_dim: int = 64
     itemsize: int = 2
@@ -184,6 +190,7 @@ class SessionConfig:
         for key in ("overlap", "load_fence", "materialise"):
             need(isinstance(getattr(self, key), bool), key, "true or false")
         need(is_int(self.write_event_pool, 1), "write_event_pool", "an integer >= 1")
+        need(is_int(self.batch_events), "batch_events", "an integer >= 0")
         need(is_int(self.kv_lora_rank, 1), "kv_lora_rank", "an integer >= 1")
         need(is_int(self.qk_rope_head_dim), "qk_rope_head_dim", "an integer >= 0")
         need(is_int(self.itemsize, 1), "itemsize", "an integer >= 1")
@@ -278,7 +285,8 @@ class CacheSession:
             "streams": list(STREAMS),
             "events": HiCacheController.event_names(self.device_pool.layer_num,
                                                     write_event_pool=cfg.write_event_pool,
-                                                    load_fence=cfg.load_fence),
+                                                    load_fence=cfg.load_fence)
+                      + [BATCH_EVENT.format(k) for k in range(cfg.batch_events)],
             "hosts": [HOST],
         }
         report = cfg.keep == "report"

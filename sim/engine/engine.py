@@ -47,7 +47,7 @@ import numpy as np
 
 from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
-from sim.cache.session import MODEL_ROLES, CacheSession
+from sim.cache.session import BATCH_EVENT, MODEL_ROLES, CacheSession
 from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
 from sim.engine.hypotheses import CONTROLLER_KEYS
@@ -189,6 +189,19 @@ class _Admitted:
     chunk: int = 0              # new tokens this batch computes
 
 
+class _Launched(NamedTuple):
+    """A batch the overlap loop launched: the requests whose prefill it completes, and the
+    event recorded on the forward stream after its forward (SGLang's ``copy_done``)."""
+
+    finished: list
+    event: str
+
+
+#: the overlap loop's batch events: two suffice, a batch's result is processed before the batch
+#: after the next one records its event (the names are reused in turn)
+_OVERLAP_EVENTS = tuple(BATCH_EVENT.format(k) for k in range(2))
+
+
 class _Expected(NamedTuple):
     """A read's views in happens-before order (what ``ReadCapture.views`` is for the run)."""
 
@@ -293,6 +306,11 @@ class PrefillEngine:
             self.session.set_read_sink(self._on_read)
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self.chunked: _Admitted | None = None
+        # the overlap loop (scheduler.event_loop = "overlap"): the batch launched last, whose result
+        # is processed in the next iteration (SGLang's result_queue of one)
+        self.overlap_loop = sc.scheduler.event_loop == "overlap"
+        self._pending: _Launched | None = None
+        self.counts["stash_frees"] = 0
         self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
 
@@ -305,7 +323,8 @@ class PrefillEngine:
             layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, keep=self.keep, **switches)
+            seed=self.seed, materialise=materialise, keep=self.keep,
+            batch_events=len(_OVERLAP_EVENTS) if sc.scheduler.event_loop == "overlap" else 0, **switches)
 
     def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
@@ -486,25 +505,145 @@ class PrefillEngine:
             if a.done < a.n_new:
                 # NOTE: the chunked request keeps its lock and slots; its KV enters the tree when
                 # its last chunk is done (SGLang inserts each chunk's prefix as it goes, which
-                # only lets other requests share it sooner)
+                # only lets other requests share it sooner; the overlap loop does, _stash)
                 self.chunked = a
                 self.counts["chunks"] += 1
                 continue
-            res = self.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
-            aligned = len(a.key) // self.page * self.page
-            dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
-            tail = a.new[max(0, aligned - len(a.prefix)):]
-            for part in (dup, tail):
-                if len(part):
-                    s.allocator.free(part)
-            # NOTE: colocated, the running request keeps its KV locked until its decode ends; PD, the
-            # prefill engine releases it once the KV is handed over (its transfer is not modelled
-            # on the prefill side's streams)
-            if self.pd:
-                self.cache.dec_lock_ref(a.node)
+            self._prefill_done(a)
+
+    def _prefill_done(self, a: _Admitted) -> None:
+        """Request ``a``'s last chunk has been computed (its batch's result is processed):
+        ``insert`` its KV (duplicates of what the tree has and the unaligned tail freed), then
+        hand it to decode."""
+        s = self.session
+        res = self.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
+        aligned = len(a.key) // self.page * self.page
+        dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
+        tail = a.new[max(0, aligned - len(a.prefix)):]
+        for part in (dup, tail):
+            if len(part):
+                s.allocator.free(part)
+        # NOTE: colocated, the running request keeps its KV locked until its decode ends; PD, the
+        # prefill engine releases it once the KV is handed over (its transfer is not modelled
+        # on the prefill side's streams)
+        if self.pd:
+            self.cache.dec_lock_ref(a.node)
+        else:
+            self._held[a.req.rid] = a.node
+        self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
+
+    # ---------------------------------------------------------------- the overlap loop
+    def _stash(self, a: _Admitted) -> None:
+        """SGLang's ``stash_chunked_request`` -> ``cache_unfinished_req(chunked=True)`` at the top
+        of batch formation: the chunked request's computed tokens, page-aligned, enter the tree;
+        the slots of the part the tree already had (another request inserted those tokens since
+        this one matched) are freed, and the request continues on the tree's slots for them
+        (``match_prefix`` again), its lock moved to the new last node.
+
+        NOTE: in the overlap loop this runs while the batch that computed the chunk may still
+        be running on the GPU: the freed slots are still being written by that forward (its
+        per-layer KV stores), and the batch formed next may hand them to a load-back, whose H2D
+        only PR #36738's fence orders after those writes."""
+        computed = len(a.prefix) + a.done
+        aligned = computed // self.page * self.page
+        if aligned <= len(a.prefix):
+            return
+        ids = tokens(a.req)
+        slots = np.concatenate([a.prefix, a.new])
+        key = RadixKey(ids[:aligned])
+        res = self.cache.insert(InsertParams(key, slots[:aligned].copy(), chunked=True))
+        dup = slots[len(a.prefix):res.prefix_len]
+        if len(dup):
+            self.session.allocator.free(dup)
+            self.counts["stash_frees"] += len(dup)
+        m = self.cache.match_prefix(MatchPrefixParams(key))
+        if len(m.device_indices) != aligned:
+            raise EngineError(f"request {a.req.rid}: {len(m.device_indices)} device slots matched right after "
+                              f"inserting {aligned} tokens (cache_unfinished_req)")
+        self.cache.dec_lock_ref(a.node)
+        self.cache.inc_lock_ref(m.last_device_node)
+        a.node = m.last_device_node
+        a.prefix = np.asarray(m.device_indices, np.int64)
+        a.new = slots[aligned:]
+        a.n_new -= aligned - computed + a.done
+        a.done = computed - aligned
+
+    def _launch(self, batch: list[_Admitted]) -> _Launched:
+        """Launch ``batch`` without waiting for it (SGLang's ``run_batch`` in the overlap loop):
+        the load queue started, the ownership check, the forward issued per layer with each
+        layer's new-token KV stores at its start (as the real forward writes them: a late
+        layer's store lands late), then ``copy_done`` recorded on the forward stream."""
+        s = self.session
+        k = self.counts["batches"]
+        self.counts["batches"] += 1
+        consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
+        self._check_ownership(batch)
+        stores = []
+        for a in batch:
+            slots = a.new[a.done:a.done + a.chunk]
+            self._record_store(a, slots)
+            stores.append((a.req.rid, slots))
+        reqs = []
+        for a in batch:
+            slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
+            entries = {role: s.entries_of(name, slots) for role, (name, _) in self.buffers.items()}
+            reqs.append(BatchRequest(a.req.rid, entries, a.chunk, len(slots)))
+
+        def store_layer(layer: int) -> None:
+            for rid, slots in stores:
+                s.store_kv(slots, owner=rid, layers=[layer], stream="forward", sync=False)
+
+        events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
+        fb = ForwardBatch("extend", tuple(reqs), consumer)
+        # NOTE: never one step here: the next batch's load is issued while this forward runs
+        issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
+                              cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
+                              one_step=False, tag=f"fwd{k}", key=(k,), before_layer=store_layer)
+        if self.keep == "all":
+            self.issues.append(issue)
+        made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
+        for r in issue.reads:
+            self.read_rids[r.op_id] = (r, consumer, made_for)
+        event = _OVERLAP_EVENTS[k % len(_OVERLAP_EVENTS)]
+        s.host.issue({"op": "record", "stream": "forward", "event": event, "id": f"fwd{k}.copy_done"})
+        finished = []
+        for a in batch:
+            # NOTE: the request's progress advances at launch (SGLang's fill_ids / prefix_indices),
+            # so the next iteration's stash sees this chunk as computed
+            a.done += a.chunk
+            if a.done < a.n_new:
+                self.chunked = a
+                self.counts["chunks"] += 1
             else:
-                self._held[a.req.rid] = a.node
-            self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
+                finished.append(a)
+        return _Launched(finished, event)
+
+    def _process(self, launched: _Launched) -> None:
+        """``process_batch_result`` of a launched batch: wait for its ``copy_done`` (the event,
+        not the stream: the batch launched after it is not waited for), then each request whose
+        prefill it completed enters the tree and goes to decode (:meth:`_prefill_done`); the
+        chunked request's chunk has nothing to process."""
+        self.session.synchronize(event=launched.event)
+        for a in launched.finished:
+            self._prefill_done(a)
+
+    def _step_overlap(self) -> bool:
+        """One iteration of SGLang's ``event_loop_overlap``: poll; stash the chunked request
+        (top of ``get_next_batch_to_run``); form and launch the next batch; then process the
+        previous batch's result.  With neither, the normal loop's idle handling."""
+        self._poll()
+        if self.pd:
+            self._decode_pd()
+        if self.chunked is not None:
+            self._stash(self.chunked)
+        batch = self._form_batch()
+        launched = self._launch(batch) if batch else None
+        last, self._pending = self._pending, launched
+        if last is not None:
+            self._process(last)
+        if batch or last is not None:
+            return True
+        return self._idle()
 
     def _record_store(self, a: _Admitted, slots: np.ndarray) -> None:
         """Tell the KV oracle which token prefix each unit just stored holds."""
@@ -577,9 +716,10 @@ class PrefillEngine:
         nothing, once every request has completed."""
         if self._t0 is None:
             raise EngineError("call start() before step()")
-        s = self.session
         if self.driver.done:
             return False
+        if self.overlap_loop:
+            return self._step_overlap()
         self._poll()
         if self.pd:
             self._decode_pd()
@@ -587,6 +727,12 @@ class PrefillEngine:
         if batch:
             self._run_batch(batch)
             return True
+        return self._idle()
+
+    def _idle(self) -> bool:
+        """No prefill batch: colocated, a decode step; else wait for the next arrival or decode
+        event, or poll again after ``IDLE_US``."""
+        s = self.session
         if not self.pd and self._decode_step_colocated():
             return True
         future = [r.arrival_us for r in self.waiting if r.arrival_us > s.now]

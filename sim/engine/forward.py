@@ -243,14 +243,17 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
                   buffers: Mapping[str, tuple[str, PagedLayout]], cost: CostModel,
                   layer_events: Sequence[str] | None = None, options: Mapping[str, str] | None = None,
                   tp: int = 1, one_step: bool = False, tag: str = "fwd",
-                  key: Sequence[int] = (0,)) -> ForwardIssue:
+                  key: Sequence[int] = (0,), before_layer=None) -> ForwardIssue:
     """Issue ``batch``'s forward on ``stream`` through ``host`` (see the module doc).
 
     ``buffers``: pool role -> (buffer name, device layout); roles the model reads but
     ``buffers`` lacks are not read (their steps still gate).  ``layer_events[layer]``: the
     load event of model layer ``layer`` in the consumer's producer slot (needed when
     ``batch.consumer_index >= 0``).  ``tag`` prefixes op ids (unique per forward);
-    ``key`` keys the cost model's jitter (unique per forward)."""
+    ``key`` keys the cost model's jitter (unique per forward).  ``before_layer``: called with
+    each model layer's index before that layer's first op is issued (per-layer mode only; the
+    engine's overlap loop issues the layer's new-token KV stores there, as the real forward
+    writes each layer's KV inside that layer); refused with ``one_step``."""
     options = resolve_options(options)
     _check_batch(batch, model, layer_events)
     pools = model.pools_for(options)
@@ -274,6 +277,9 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
     if one_step and batch.consumer_index >= 0:
         raise InputError("one_step", f"batch has consumer index {batch.consumer_index}: its per-layer waits "
                          "decide the race verdict, so it is issued per layer")
+    if one_step and before_layer is not None:
+        raise InputError("before_layer", "expected None with one_step (a one-step forward has no layers to "
+                         "issue ops before)")
     plan = _plan(model, gate_map, options, batch, pools, buffers, cost, tp, tuple(key))
     out = ForwardIssue(one_step=one_step, consumer_index=batch.consumer_index)
     consumer = batch.consumer_index
@@ -311,6 +317,8 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
         return out
 
     for layer, (steps, ffn) in enumerate(plan):
+        if before_layer is not None:
+            before_layer(layer)
         waited = False
         for si, (step, gated, reads, us) in enumerate(steps):
             if gated and consumer >= 0 and not waited:

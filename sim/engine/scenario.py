@@ -56,6 +56,8 @@ __all__ = ["DeploymentSection", "HiCacheSection", "ModelSection", "RunSection", 
            "shipped_scenarios"]
 
 #: page size SGLang forces per model family (DeepSeek V4: 256 raw tokens; DSA: 64)
+#: the scheduler loops (``scheduler.event_loop``): SGLang's ``event_loop_normal`` / ``event_loop_overlap``
+EVENT_LOOPS = ("normal", "overlap")
 FORCED_PAGE_SIZE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
 _MAX_BASE_DEPTH = 8
 
@@ -152,6 +154,9 @@ class SchedulerSection(Section):
     max_running_requests: int = opt(128, "requests in a running batch at most", lo=1)
     max_total_tokens: int = opt(1 << 20, "device KV pool size in tokens per engine", lo=1)
     overlap: bool = opt(True, "the overlap scheduler (next batch scheduled while the current one runs)")
+    event_loop: str = opt("normal", "the scheduler loop: 'normal' (each batch synchronized before the next is formed) "
+                          "or 'overlap' (SGLang's event_loop_overlap: batch N+1 formed and launched before batch N's "
+                          "result is processed; needs overlap = true)", choices=EVENT_LOOPS)
 
 
 @dataclass(frozen=True)
@@ -270,6 +275,9 @@ class Scenario:
         if cps != -1 and cps < ps:
             raise InputError("scheduler.chunked_prefill_size", f"expected -1 (off) or at least page_size ({ps}), "
                              f"got {cps}")
+        if self.scheduler.event_loop == "overlap" and not self.scheduler.overlap:
+            raise InputError("scheduler.event_loop", "expected 'normal' with scheduler.overlap = false (SGLang runs "
+                             "event_loop_overlap only in overlap mode), got 'overlap'")
         if self.workload.kind == "trace":
             load_trace(self.workload.trace, self.workload.system_prompt_tokens)
         self.configuration()
