@@ -574,6 +574,7 @@ class OnlineVerdicts:
         self._indet: dict[str, tuple] = {}    # buffer -> merged indeterminate (starts, ends)
         self._expected: dict[int, tuple] = {} # read op index -> (expected views, indeterminate ranges)
         self.reads: list[dict] = []
+        self._on_read = None                  # on_read's callback (then reads are not kept)
         self.intra: list[dict] = []
         self.placement: list[dict] = []
         self.taken = 0
@@ -666,11 +667,29 @@ class OnlineVerdicts:
         return entry
 
     # ---- reads, as the run captures them
+    def on_read(self, callback) -> None:
+        """Hand every judged read to ``callback(capture, expected_views, entry)`` instead of
+        keeping it: ``capture`` is the run's :class:`~sim.executor.ReadCapture`,
+        ``expected_views`` the same read's views in the happens-before-order memory (one per
+        extent), ``entry`` its report entry (``read_entry`` without detail).  Nothing of the
+        read is kept afterwards, so ``reads`` (and the report's ``reads``) stay empty; set it
+        before the run captures its first read.  One callback per verdicts; ``None`` goes back
+        to keeping the entries."""
+        if callback is not None and not callable(callback):
+            raise InputError("callback", f"expected a callable (capture, expected_views, entry) or None, "
+                             f"got {type(callback).__name__}")
+        self._on_read = callback
+
     def captured(self, r: ReadCapture) -> None:
-        """The run captured read ``r``: compare it with its expected views and keep its entry."""
+        """The run captured read ``r``: compare it with its expected views and keep its entry
+        (or hand both to the ``on_read`` callback)."""
         views, ind = self._expected.pop(r.index)
         ref = ReadCapture(r.op_id, r.index, r.stream, r.buffer, float(r.index), r.offsets, r.lengths, views)
-        self.reads.append(read_entry(r, ref, self.buffers[r.buffer].layout, ind, detail=False))
+        entry = read_entry(r, ref, self.buffers[r.buffer].layout, ind, detail=False)
+        if self._on_read is None:
+            self.reads.append(entry)
+        else:
+            self._on_read(r, views, entry)
 
     # ---- the report
     def report(self, run: RunResult, race_limit: int | None = RACE_LIMIT) -> dict:
