@@ -22,13 +22,15 @@ a ``wait`` and a latent read on ``forward_d``).
 
 Each (mode, size) runs in its own process, compact mode (``materialise=False``),
 profile ``h200``; the verdicts (``analyse``) are included in every time.  Reported:
-ops issued, wall and CPU seconds, ops per wall second, peak RSS (``ru_maxrss``), and
+ops issued, wall and CPU seconds, ops per wall second, peak RSS (``ru_maxrss``), the
+sha256 of the whole report (JSON, sorted keys: equal before and after a speed change), and
 for program runs the RSS at each tenth of the run (``/proc/self/statm``), which is
 how memory flat in the run's length shows.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -150,6 +152,8 @@ def measure(mode: str, n_ops: int, devices: int) -> dict:
             "wall_s": round(t_all, 2), "cpu_s": round(c_all, 2), "ops_per_wall_s": round(ops / t_all),
             "ops_per_cpu_s": round(ops / c_all), "reads": rep["reads_total"], "corrupt_reads": rep["corrupt_reads"],
             "latent_races_total": rep["latent_races_total"],
+            # NOTE: taken after the timing: equal digests before and after a change mean the same report
+            "report_sha256": hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest(),
             "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "rss_trend": trend}
 
 
