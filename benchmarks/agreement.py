@@ -8,6 +8,10 @@ free replays, stale runs of the seeded simulator runs).  Each point gets
 ``gpu_backend.agreement.agreement``: the point agrees when Newcombe's 95 % interval of
 ``p_sim - p_gpu`` meets the band of 5 points or the measured 95 % Wilson interval.  ``--race``
 adds a ``kvrace replay --json`` report of the minimal race (its ``simulated_stale_runs``).
+``--rule PROVIDER=PROFILE`` replaces that provider's simulated column by the stale rule of the
+fit (``gpu_backend.calibrate.spread_fit.rule_stale_probability``, as a count out of
+``--rule-runs``): a check of a refitted profile against measured CSVs in seconds, without the
+simulator's runs (the GPU agreement test runs the simulator itself).
 Writes a markdown table per provider (every point, misses marked) and a summary line per
 provider, after the command and commit that produced it.
 """
@@ -59,6 +63,19 @@ def provider_table(name: str, rows: list[dict]) -> tuple[list[str], dict]:
     return lines, summary
 
 
+def rule_rows(rows: list[dict], profile: str, runs: int) -> list[dict]:
+    """``rows`` with the simulated columns from the fit's stale rule under ``profile``."""
+    from gpu_backend.calibrate.spread_fit import rule_stale_probability
+    from sim.profile import load_profile
+
+    prof = load_profile(profile)
+    out = []
+    for r in rows:
+        p = rule_stale_probability(prof, int(r["bytes_per_token"]), int(r["tokens"]), float(r["compute_us"]))
+        out.append({**r, "sim_seeds": runs, "sim_stale_runs": int(round(p * runs))})
+    return out
+
+
 def race_line(name: str, path: str) -> tuple[str, dict]:
     with open(path) as f:
         rep = json.load(f)
@@ -80,12 +97,18 @@ def main(argv=None) -> int:
     ap.add_argument("--race", action="append", default=[], metavar="PROVIDER=PATH")
     ap.add_argument("--out", default=None, help="markdown file (default: stdout)")
     ap.add_argument("--json", default=None, help="the summaries as JSON")
+    ap.add_argument("--rule", action="append", default=[], metavar="PROVIDER=PROFILE",
+                    help="simulated column from the fit's stale rule with PROFILE (no simulator runs)")
+    ap.add_argument("--rule-runs", type=int, default=200, help="runs the rule's probability is counted out of")
     args = ap.parse_args(argv)
+    rules = dict(item.split("=", 1) for item in args.rule)
     out = [f"<!-- command: {command()} -->", f"<!-- commit: {os.environ.get('KVRACE_COMMIT') or git_commit()} -->", ""]
     summaries, races = [], []
     for item in args.csv:
         name, path = item.split("=", 1)
         rows = read_csv(path)
+        if name in rules:
+            rows = rule_rows(rows, rules[name], args.rule_runs)
         lines, summary = provider_table(name, rows)
         summaries.append(summary)
         out.append(f"### {name}: {summary['agree']} of {summary['points']} points agree "

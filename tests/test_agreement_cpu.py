@@ -74,3 +74,20 @@ def test_bad_counts_are_refused():
         agreement(5, 4, 0, 1)
     with pytest.raises(ValueError):
         agreement(0, 0, 0, 1)
+
+
+def test_the_fit_stale_rule_matches_the_simulator_at_an_intermediate_point():
+    """benchmarks/agreement.py --rule: the fit's stale rule (read skew by the bytes beside, rate
+    factor, link) gives the simulator's stale probability (here about 1/2, where they differ most)."""
+    from gpu_backend.calibrate.spread import race_doc
+    from gpu_backend.calibrate.spread_fit import rule_stale_probability
+    from gpu_backend.replay import simulate_stale
+    from sim.profile import load_profile
+    from sim.schedule import validate
+
+    prof = load_profile("h200-calibrated")
+    rule = rule_stale_probability(prof, 256, 256, 10.0)
+    assert 0.2 < rule < 0.8
+    per_read, _ = simulate_stale(validate(race_doc(256, 256, 10.0)), prof, seeds=120, seed=0)
+    assert sum(per_read.values()) / 120 == pytest.approx(rule, abs=0.14)
+    assert rule_stale_probability(prof, 1024, 4096, 3.0) == 1.0     # the read long before a long copy's end

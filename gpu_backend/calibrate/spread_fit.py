@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BESIDE_UPTO", "beside_offsets", "stale_probability", "QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
+__all__ = ["BESIDE_UPTO", "beside_offsets", "stale_probability", "rule_stale_probability", "QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
            "rate_factor_table", "fit_timing", "timing_toml"]
 
 #: the probabilities of the written tables: 0, 0.05, ..., 1
@@ -251,6 +251,30 @@ def stale_probability(margin_us, skew, rate) -> np.ndarray:
     f = np.array([QuantileTable(tuple(rate)).quantile(q) for q in np.linspace(0, 1, 41)]) if rate is not None \
         else np.ones(1)
     return np.sort((margin_us(f)[:, None] - r[None, :]).ravel())
+
+
+def rule_stale_probability(profile, bytes_per_token: int, tokens: int, compute_us: float) -> float:
+    """The stale probability of a free-sweep point by the rule the fit assumes (``R`` from the
+    profile's read-skew table for the bytes beside, ``f`` from its rate table, the copy's end from
+    the profile's link), without running the simulator: a quick check of a fit against measured
+    sweeps (``benchmarks/agreement.py --rule``); the simulator's own runs are the reference
+    (``tests/test_agreement_cpu.py`` compares the two)."""
+    from dataclasses import replace
+
+    from gpu_backend.calibrate.spread import race_doc
+
+    base = replace(profile, timing=(), timing_beside=())
+    doc = race_doc(bytes_per_token, tokens, 1.0)
+    key = "read_after_compute_us"
+    bt = profile.beside_table(key)
+    table = bt.table_for(_copy_bytes(doc)) if bt is not None else profile.timing_table(key)
+    skew = table.values if table is not None else (0.0,)
+    rate = profile.timing_table("copy_rate_factor")
+    m = profile.timing_table("copy_after_wait_us")
+    x = _copy_end(doc, base) - base.launch_us
+    lead = base.launch_us + (m.values[0] if m is not None else 0.0) - base.kernel_launch_us - compute_us
+    t = stale_probability(lambda f: f * x + lead, skew, rate.values if rate is not None else None)
+    return float(1.0 - np.searchsorted(t, 0.0, side="right") / t.size)
 
 
 def beside_offsets(points: list[dict], skew, rate, upto=BESIDE_UPTO) -> list[dict]:
