@@ -831,9 +831,25 @@ class _LiveBuffer:
                 lst.append(r)
 
     def append(self, s: list, e: list, op: int, comp: int, pos: int, write: bool) -> None:
-        for s0, e0 in zip(s, e):
-            self._index(len(self.rows), s0, e0)
-            self.rows.append((s0, e0, op, comp, pos, write))
+        rows = self.rows
+        if len(s) == 1:
+            # one interval in one bucket (most accesses): _index inlined
+            s0, e0 = s[0], e[0]
+            sh = self.BUCKET_SHIFT
+            b0 = s0 >> sh
+            if (e0 - 1) >> sh == b0:
+                lst = self.buckets.get(b0)
+                if lst is None:
+                    self.buckets[b0] = [len(rows)]
+                else:
+                    lst.append(len(rows))
+            else:
+                self._index(len(rows), s0, e0)
+            rows.append((s0, e0, op, comp, pos, write))
+        else:
+            for s0, e0 in zip(s, e):
+                self._index(len(rows), s0, e0)
+                rows.append((s0, e0, op, comp, pos, write))
         if write:
             self.writes += len(s)
 
@@ -841,6 +857,12 @@ class _LiveBuffer:
         """The live rows that overlap the merged intervals ``[s, e)`` (lists), in row order."""
         rows = self.rows
         sh = self.BUCKET_SHIFT
+        if len(s) == 1 and not self.wide and (e[0] - 1) >> sh == s[0] >> sh:
+            # one interval in one bucket: the bucket's rows, in row order (a row is listed once
+            # per bucket, in the order rows were appended)
+            lo, hi = s[0], e[0]
+            return [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ()))
+                    if row[0] < hi and row[1] > lo]
         if ((e[-1] - 1) >> sh) - (s[0] >> sh) < 4 * self.MAX_BUCKETS:
             cand = set(self.wide)
             buckets = self.buckets
@@ -919,9 +941,12 @@ class RaceTracker:
         if not accs:
             return
         self.info[op_index] = info
-        by_buf: dict[str, list] = {}
-        for a in accs:
-            by_buf.setdefault(a[0], []).append(a)
+        if len(accs) == 1 or (len(accs) == 2 and accs[0][0] != accs[1][0]):
+            by_buf = {a[0]: [a] for a in accs}          # one access per buffer (reads, writes, most copies)
+        else:
+            by_buf: dict[str, list] = {}
+            for a in accs:
+                by_buf.setdefault(a[0], []).append(a)
         cl = None
         for buf, mine in by_buf.items():
             lb = self.live.get(buf)
@@ -930,13 +955,16 @@ class RaceTracker:
                 self.kept[buf] = []
             spans = [(w, s.tolist(), e.tolist()) for _, w, s, e in mine]
             if lb.rows:
-                if cl is None:
-                    cl = clock.tolist()
                 hits = set()
                 for w, s, e in spans:
                     if not (w or lb.writes):
                         continue                # a read where only reads are live: nothing to race
-                    for row in lb.overlapping(s, e):
+                    rows = lb.overlapping(s, e)
+                    if not rows:
+                        continue
+                    if cl is None:
+                        cl = clock.tolist()
+                    for row in rows:
                         # unordered (the row's op is not before this one) and one side writes
                         if cl[row[3]] < row[4] and (w or row[5]):
                             hits.add(row[2])

@@ -61,3 +61,33 @@ def test_on_read_refuses_a_non_callable_and_can_be_unset():
     ex.online.on_read(None)
     run = ex.run({"host": _static_program(s.ops, False)}, s)
     assert [r["op"] for r in run.online.reads] == ["r"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1 << 18), st.one_of(st.integers(1, 1 << 17), st.integers(1, 1 << 20)),
+                          st.booleans()), max_size=40),
+       st.lists(st.tuples(st.integers(0, 1 << 18), st.integers(1, 1 << 16)), min_size=1, max_size=3),
+       st.booleans())
+def test_live_buffer_overlapping_equals_a_scan_of_every_row(rows, query, prune):
+    """The one-interval, one-bucket fast paths of _LiveBuffer.append/overlapping give the rows
+    a scan of every live row gives, in row order (also after keep_after re-indexes)."""
+    from sim.hb import _LiveBuffer, merge_intervals
+    import numpy as np
+    lb = _LiveBuffer()
+    for k, (s0, n, w) in enumerate(rows):
+        lb.append([s0], [s0 + n], k, 0, k + 1, w)
+    if prune:
+        lb.keep_after([len(rows) // 2])
+    qs, qe = merge_intervals(np.array([a for a, _ in query]), np.array([a + n for a, n in query]))
+    qs, qe = qs.tolist(), qe.tolist()
+    want = [row for row in lb.rows if any(row[0] < e and row[1] > s for s, e in zip(qs, qe))]
+    assert lb.overlapping(qs, qe) == want
+
+
+def test_origin_table_key_is_origin_key():
+    from sim.bytes.compact import OriginTable, origin_key
+    from sim.bytes.pattern import Origin
+    t = OriginTable()
+    origins = [Origin("kv", 1, 2, 3, 64), Origin("kv", 1, 2, 4, 64), Origin("index_k", 0, -1, 1, 132)]
+    ids = [t.intern(o) for o in origins]
+    assert [t.key(i) for i in ids] == [origin_key(o) for o in origins] == [t.key(i) for i in ids]

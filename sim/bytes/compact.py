@@ -66,6 +66,15 @@ class OriginTable:
     def __init__(self):
         self._ids: dict[Origin, int] = {}
         self._origins: list[Origin] = []
+        self._keys: dict[int, int] = {}       # id -> origin_key of its origin (asked for)
+
+    def key(self, i: int) -> int:
+        """``origin_key`` of the origin with id ``i``, computed once per id (an id names
+        one origin object for the table's life)."""
+        k = self._keys.get(i)
+        if k is None:
+            k = self._keys[i] = origin_key(self._origins[int(i)])
+        return k
 
     def intern(self, origin: Origin) -> int:
         if not isinstance(origin, Origin):
@@ -605,7 +614,8 @@ class CompactBuffer:
         keep = _coalesce_mask(st, oid, so)          # canonical: blocks may split a run
         st, oid, so = st[keep], oid[keep], so[keep]
         uniq, inv = np.unique(oid, return_inverse=True)
-        keys = np.array([origin_key(self.table[int(i)]) for i in uniq.tolist()], dtype=_I64)
+        key = self.table.key
+        keys = np.array([key(i) for i in uniq.tolist()], dtype=_I64)
         return st, keys[inv.reshape(-1)] if len(st) else np.zeros(0, _I64), so
 
     #: buffers of at most this many segments (in one block) answer small_runs()
@@ -632,7 +642,8 @@ class CompactBuffer:
         means equal bytes; it costs O(segments), not O(bytes)."""
         runs = self.small_runs()
         if runs is not None:                               # a few segments: plain Python, same bytes
-            flat = [x for s, o, f in runs for x in (s, origin_key(self.table[o]), f)]
+            key = self.table.key
+            flat = [x for s, o, f in runs for x in (s, key(o), f)]
             h = hashlib.sha256(b"kvrace-provenance-v1" + struct.pack("<q", self.nbytes))
             h.update(struct.pack(f"<{len(flat)}q", *flat))
             return h.hexdigest()
