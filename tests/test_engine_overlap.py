@@ -7,11 +7,15 @@ from __future__ import annotations
 import pytest
 
 from sim.engine import PrefillEngine
+from sim.engine.engine import run_prefill_engine
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
 
 CHUNKS = "scheduler.chunked_prefill_size=256"
 BUSY = "workload.concurrency=6"
+#: a small colocated run whose later turns load back into a tight device pool
+TIGHT = ["workload.sessions=5", "workload.max_turns=3", "workload.concurrency=4", "scheduler.max_total_tokens=1536",
+         "workload.max_context_tokens=1472"]
 SMALL = ["run.layers=2", "variant.gate_map=upstream-0.5.11", "scheduler.event_loop=overlap"]
 
 
@@ -19,15 +23,19 @@ def _engine(sets, seed=0, keep="all") -> PrefillEngine:
     return PrefillEngine(load_scenario("glm5-22811-small", sets), seed, keep=keep)
 
 
-def _forward_of(op_id: str) -> int | None:
+def _forward_of(op_id: str) -> str | None:
+    """The launch an op belongs to (``fwdK``: a prefill forward, ``decodeK``: a decode step)."""
     head = op_id.split(".", 1)[0]
-    return int(head[3:]) if head.startswith("fwd") and head[3:].isdigit() else None
+    for p in ("fwd", "decode"):
+        if head.startswith(p) and head[len(p):].isdigit():
+            return head
+    return None
 
 
 def _loads_during_earlier_forwards(e: PrefillEngine) -> tuple[int, int]:
-    """(load-back copies, those that ran while an earlier batch's forward was still running):
-    a copy on the load stream whose start precedes the end of the last op of a forward issued
-    before it."""
+    """(load-back copies, those that ran while an earlier batch's forward or decode step was
+    still running): a copy on the load stream whose start precedes the end of the last op of a
+    forward or decode step issued before it."""
     run = e.session.finish()
     t = run.timings
     last_fwd_end, seen_end = {}, -1.0
@@ -58,43 +66,56 @@ def test_overlap_loads_the_next_batch_while_the_forward_runs_unless_fenced():
     it (the default) and in the normal loop it never starts before the forwards issued before it
     have ended."""
     # NOTE: small chunks keep batches back to back (a batch formed while the previous one runs)
-    unfenced = _engine([*SMALL, "variant.hypotheses=load-unfenced", CHUNKS, BUSY])
+    unfenced = _engine([*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"])
     r = unfenced.run()
     loads, overlapped = _loads_during_earlier_forwards(unfenced)
     assert r.load_backs > 0 and loads > 0 and overlapped > 0
     assert r.requests_completed == r.requests_total
-    fenced = _engine([*SMALL, CHUNKS, BUSY])
+    fenced = _engine([*SMALL, *TIGHT])
     fenced.run()
     loads, overlapped = _loads_during_earlier_forwards(fenced)
     assert loads > 0 and overlapped == 0
-    normal = _engine([*SMALL[:2], "variant.hypotheses=load-unfenced", CHUNKS, BUSY])
+    normal = _engine([*SMALL[:2], *TIGHT, "variant.hypotheses=load-unfenced"])
     normal.run()
     loads, overlapped = _loads_during_earlier_forwards(normal)
     assert loads > 0 and overlapped == 0
 
 
 def test_overlap_processes_a_batch_one_iteration_later_on_its_event():
-    """Each launched batch's result is processed in the next iteration, after a host sync on the
-    event recorded after its forward: the sync op waits on an event, and no batch's requests are
-    inserted before the next batch has been launched."""
-    e = _engine(SMALL)
+    """Each launch (prefill batch or colocated decode step) records an event after its forward and
+    the scheduler later waits on that event, never on the forward stream (which would also wait
+    for the batch launched after it); mostly the next launch has been issued already when a
+    batch's result is processed."""
+    e = _engine([*SMALL, *TIGHT])
     e.start()
-    launched = []
     while e.step():
-        if e._pending is not None:
-            launched.append(e.counts["batches"])
+        pass
     r = e.finish()
-    assert r.batches == len(set(launched)) and r.requests_completed == r.requests_total
-    syncs = [op for op in e.session.finish().schedule.ops if op.op == "host_sync" and op.event]
-    assert len(syncs) == r.batches
-    assert {op.event for op in syncs} == {"copy_done.0", "copy_done.1"}
-    assert r.forwards_one_step == 0
+    assert r.requests_completed == r.requests_total and r.forwards_one_step == 0
+    ops = e.session.finish().schedule.ops
+    syncs = [op for op in ops if op.op == "host_sync"]
+    # the last: finish()'s device synchronize
+    assert syncs[-1].event is None and syncs[-1].sync_stream is None
+    syncs = syncs[:-1]
+    records = [op for op in ops if op.op == "record" and op.id.endswith(".copy_done")]
+    assert len(records) == e.counts["launches"] > r.batches
+    assert all(op.event in ("copy_done.0", "copy_done.1") for op in syncs)
+    assert len(syncs) == len(records)
+    # the k-th sync waits on the k-th record (results in launch order); where the iteration
+    # launched something, the (k+1)-th record was issued before it (with nothing to launch the
+    # last batch is processed at once, as SGLang's loop does)
+    pos = {op.id: i for i, op in enumerate(ops)}
+    overlapped = 0
+    for k, sync in enumerate(syncs):
+        assert sync.event == records[k].event and pos[records[k].id] < pos[sync.id]
+        overlapped += k + 1 < len(records) and pos[records[k + 1].id] < pos[sync.id]
+    assert overlapped > len(syncs) // 2
 
 
 def test_overlap_stashes_the_chunked_request_per_chunk():
     """With chunks the chunked request's computed, page-aligned prefix is in the tree before its
     last chunk runs (cache_unfinished_req), and every request still completes."""
-    e = _engine([*SMALL, "scheduler.chunked_prefill_size=128"])
+    e = _engine([*SMALL, *TIGHT, "scheduler.chunked_prefill_size=128"])
     e.start()
     seen_stash = False
     while e.step():
@@ -110,8 +131,32 @@ def test_overlap_stashes_the_chunked_request_per_chunk():
     assert r.requests_completed == r.requests_total and r.requests_corrupted == 0
 
 
+def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it():
+    """SGLang #36738: a request that finished in decode step s ran once more in step s+1 (launched
+    before s's result was processed) and its last page is freed while s+1 may still write it; the
+    next prefill batch's load-back gets that page, and without the fence its H2D is ordered only
+    after the scheduler stream, so s+1's late KV write lands on the restored prefix: reads that
+    waited for their layer's load still see the wrong bytes.  With the fence (the default), and in
+    the normal loop, nothing is corrupted and nothing races."""
+    sets = [*SMALL, *TIGHT]
+    bad = run_prefill_engine("glm5-22811-small", 0, overrides=[*sets, "variant.hypotheses=load-unfenced"])
+    assert bad.load_backs > 0 and bad.requests_completed == bad.requests_total
+    assert bad.requests_corrupted > 0 and bad.stale_reads + bad.torn_reads > 0 and bad.latent_races > 0
+    raced = [c for c in bad.corrupted_reads if c["status"] in ("stale", "torn")]
+    assert raced and all(c["waited"] and c["consumer_index"] >= 0 for c in raced)
+    # the late write is another request's decode KV: the KV oracle flags it too
+    assert bad.requests_wrong_kv > 0
+    fenced = run_prefill_engine("glm5-22811-small", 0, overrides=sets)
+    assert fenced.load_backs > 0
+    assert fenced.requests_corrupted == fenced.latent_races == fenced.stale_reads == fenced.torn_reads == 0
+    normal = run_prefill_engine("glm5-22811-small", 0, overrides=[*SMALL[:2], *TIGHT, "variant.hypotheses=load-unfenced"])
+    assert normal.load_backs > 0 and normal.requests_corrupted == normal.latent_races == 0
+
+
 @pytest.mark.parametrize("sets, seed", [
-    (["run.layers=2", "variant.gate_map=upstream-0.5.10", "scheduler.event_loop=overlap"], 0),
+    pytest.param(["run.layers=2", "variant.gate_map=upstream-0.5.10", "scheduler.event_loop=overlap", *TIGHT], 0,
+                 marks=pytest.mark.slow),
+    ([*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"], 0),
     pytest.param([*SMALL, "variant.hypotheses=load-unfenced", CHUNKS, BUSY], 1, marks=pytest.mark.slow),
     pytest.param([*SMALL, "variant.hypotheses=load-unfenced"], 2, marks=pytest.mark.slow),
 ])
@@ -120,7 +165,7 @@ def test_overlap_streaming_equals_the_end_of_run_verdicts(sets, seed):
     a = PrefillEngine(sc, seed, keep="all").run().signature()
     b = PrefillEngine(sc, seed, keep="report").run().signature()
     assert a["load_backs"] > 0
-    if "variant.gate_map=upstream-0.5.10" in sets:
+    if "variant.gate_map=upstream-0.5.10" in sets or "variant.hypotheses=load-unfenced" in sets:
         assert a["requests_corrupted"] > 0
     diff = sorted(k for k in a if a[k] != b[k])
     assert not diff, {k: (a[k], b[k]) for k in diff}

@@ -190,11 +190,13 @@ class _Admitted:
 
 
 class _Launched(NamedTuple):
-    """A batch the overlap loop launched: the requests whose prefill it completes, and the
-    event recorded on the forward stream after its forward (SGLang's ``copy_done``)."""
+    """A batch the overlap loop launched: the requests whose prefill it completes, the event
+    recorded on the forward stream after its forward (SGLang's ``copy_done``), and for a
+    colocated decode step the requests whose last output token it produced."""
 
     finished: list
     event: str
+    decoded: tuple = ()
 
 
 #: the overlap loop's batch events: two suffice, a batch's result is processed before the batch
@@ -310,6 +312,9 @@ class PrefillEngine:
         # is processed in the next iteration (SGLang's result_queue of one)
         self.overlap_loop = sc.scheduler.event_loop == "overlap"
         self._pending: _Launched | None = None
+        # colocated, overlap loop: rid -> [context tokens, decode slots (whole pages), tokens written]
+        self._dec_kv: dict[int, list] = {}
+        self.counts["decode_kv_skipped"] = 0
         self.counts["stash_frees"] = 0
         self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
@@ -604,8 +609,7 @@ class PrefillEngine:
         made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
         for r in issue.reads:
             self.read_rids[r.op_id] = (r, consumer, made_for)
-        event = _OVERLAP_EVENTS[k % len(_OVERLAP_EVENTS)]
-        s.host.issue({"op": "record", "stream": "forward", "event": event, "id": f"fwd{k}.copy_done"})
+        event = self._record_copy_done(f"fwd{k}")
         finished = []
         for a in batch:
             # NOTE: the request's progress advances at launch (SGLang's fill_ids / prefix_indices),
@@ -618,14 +622,76 @@ class PrefillEngine:
                 finished.append(a)
         return _Launched(finished, event)
 
+    def _record_copy_done(self, tag: str) -> str:
+        """Record the next of the overlap loop's batch events on the forward stream (after
+        everything the launch issued); returns its name."""
+        n = self.counts["launches"] = self.counts.get("launches", 0) + 1
+        event = _OVERLAP_EVENTS[(n - 1) % len(_OVERLAP_EVENTS)]
+        self.session.host.issue({"op": "record", "stream": "forward", "event": event, "id": f"{tag}.copy_done"})
+        return event
+
     def _process(self, launched: _Launched) -> None:
         """``process_batch_result`` of a launched batch: wait for its ``copy_done`` (the event,
         not the stream: the batch launched after it is not waited for), then each request whose
         prefill it completed enters the tree and goes to decode (:meth:`_prefill_done`); the
         chunked request's chunk has nothing to process."""
-        self.session.synchronize(event=launched.event)
+        s = self.session
+        s.synchronize(event=launched.event)
         for a in launched.finished:
             self._prefill_done(a)
+        for rid in launched.decoded:
+            # NOTE: release_kv_cache -> cache_finished_req: the request's last (partial) page is
+            # freed here, while the decode step launched after this one may still write the KV of
+            # its last token into it (that step ran it once more: it did not know it had finished)
+            ctx, slots, n = self._dec_kv.pop(rid)
+            if len(slots):
+                s.allocator.free(slots)
+            self._finish(rid, s.now)
+
+    def _launch_decode(self) -> _Launched | None:
+        """Colocated, no prefill batch: launch one decode step of the running batch on the
+        forward stream (SGLang runs the running batch when no prefill batch is formed) without
+        waiting for it.  Each request in it writes its newest token's KV into its own decode
+        slots, layer by layer inside the step; that includes the requests that finished in the
+        step launched before, whose result is not processed yet (the overlap loop's extra step).
+        None when nothing decodes."""
+        s = self.session
+        self.decode.join(s.now)
+        last = self._pending
+        extra = list(last.decoded) if last is not None else []
+        if not self.decode.running and not extra:
+            return None
+        for rid, (ctx, _out) in self.decode.running.items():
+            self._dec_kv.setdefault(rid, [ctx, np.zeros(0, np.int64), 0])
+        writers = list(self.decode.running) + extra
+        if self.decode.running:
+            d, done = self.decode.step()
+        else:
+            # NOTE: only requests that finished already: the step still runs (SGLang filters them
+            # out of the running batch when it processes the earlier step's result, after this launch)
+            d, done = self.decode.steps.step_us([self._dec_kv[r][0] for r in extra], self.decode.step_count), []
+        k = self.counts["decode_steps"] = self.counts.get("decode_steps", 0) + 1
+        stores = []
+        for rid in writers:
+            st = self._dec_kv[rid]
+            if st[2] == len(st[1]):
+                more = self._alloc(self.page)
+                if more is None:
+                    # NOTE: SGLang would retract a request here; the model writes no KV for it
+                    self.counts["decode_kv_skipped"] += 1
+                    continue
+                st[1] = np.concatenate([st[1], np.asarray(more, np.int64)])
+            stores.append((rid, st[1][st[2]:st[2] + 1]))
+            st[2] += 1
+            st[0] += 1
+        layers = self.model.n_layers
+        for layer in range(layers):
+            for rid, slot in stores:
+                s.store_kv(slot, owner=rid, layers=[layer], stream="forward", sync=False)
+            s.host.issue({"op": "compute", "stream": "forward", "duration_us": d / layers, "jitter": False,
+                          "id": f"decode{k - 1}.L{layer}"})
+        event = self._record_copy_done(f"decode{k - 1}")
+        return _Launched([], event, tuple(done))
 
     def _step_overlap(self) -> bool:
         """One iteration of SGLang's ``event_loop_overlap``: poll; stash the chunked request
@@ -638,10 +704,12 @@ class PrefillEngine:
             self._stash(self.chunked)
         batch = self._form_batch()
         launched = self._launch(batch) if batch else None
+        if launched is None and not self.pd:
+            launched = self._launch_decode()
         last, self._pending = self._pending, launched
         if last is not None:
             self._process(last)
-        if batch or last is not None:
+        if launched is not None or last is not None:
             return True
         return self._idle()
 
@@ -759,6 +827,12 @@ class PrefillEngine:
         if not self.driver.done:
             raise EngineError(f"{len(self.driver.in_flight())} requests are still in flight; step() until it "
                               "returns False")
+        if self._pending is not None:
+            # the overlap loop's last launch (a decode step that only ran requests already
+            # finished): its result, which holds nothing more to do, is processed as SGLang's
+            # next iteration would
+            last, self._pending = self._pending, None
+            self._process(last)
         self.session.wait_idle()
         self._poll()
         return self._result(time.perf_counter() - self._t0)
