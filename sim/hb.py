@@ -187,9 +187,16 @@ class Access:
 #: below this many extents, ``_merge`` merges in plain Python (numpy's per-call
 #: overhead dominates for the one-to-few extents of a typical read or write)
 SMALL_MERGE = 16
+_I64_MAX = (1 << 63) - 1
 
 
 def _merge(starts, lengths):
+    if type(starts) is np.ndarray and type(lengths) is np.ndarray and starts.shape == (1,) == lengths.shape:
+        # one extent (a one-unit read or write) in plain ints: what the general path gives
+        s0 = int(starts[0])
+        e0 = s0 + int(lengths[0])
+        if e0 > s0 and e0 <= _I64_MAX:
+            return np.array([s0], np.int64), np.array([e0], np.int64)
     starts = np.asarray(starts, np.int64)
     ends = starts + np.asarray(lengths, np.int64)
     if starts.shape == (1,) and ends.shape == (1,):

@@ -91,3 +91,18 @@ def test_origin_table_key_is_origin_key():
     origins = [Origin("kv", 1, 2, 3, 64), Origin("kv", 1, 2, 4, 64), Origin("index_k", 0, -1, 1, 132)]
     ids = [t.intern(o) for o in origins]
     assert [t.key(i) for i in ids] == [origin_key(o) for o in origins] == [t.key(i) for i in ids]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(-(1 << 62), 1 << 62), st.integers(-(1 << 20), 1 << 62), st.sampled_from(["int64", "int32"]))
+def test_merge_of_one_extent_equals_the_general_path(start, length, dtype):
+    """_merge's one-extent fast path gives the general path's (merge_intervals) intervals."""
+    import numpy as np
+    from sim.hb import _merge, merge_intervals
+    if dtype == "int32":
+        start, length = start % (1 << 30), length % (1 << 30)
+    s, e = np.array([start], dtype), np.array([length], dtype)
+    ws, we = merge_intervals(s.astype(np.int64), s.astype(np.int64) + e.astype(np.int64))
+    gs, ge = _merge(s, e)
+    assert gs.dtype == ge.dtype == np.int64
+    assert gs.tolist() == ws.tolist() and ge.tolist() == we.tolist()
