@@ -171,6 +171,8 @@ class _Copy:
         self.end_abs = t0 + end_us
         # a one-item copy (a page): its landing time as a float, compared without numpy
         self.one_end = float(self.end_abs[0]) if self.end_abs.size == 1 else None
+        # and its start as a float (t0 + start, as numpy adds them), for reads that see it in flight
+        self.one_start = float(t0 + start_us[0]) if self.end_abs.size == 1 else None
         self.applied = 0                          # items [0, applied) are in memory
         self.ext_item_start = ext_item_start      # extents of item i: [ext_item_start[i], [i + 1])
 
@@ -777,7 +779,9 @@ class Executor:
                 continue
             n_done = cp.applied
             n_items = cp.end_abs.size
-            started = int(np.searchsorted(cp.t0 + cp.rel_start, t, side="right"))
+            s1 = cp.one_start
+            started = (int(s1 <= t) if s1 is not None
+                       else int(np.searchsorted(cp.t0 + cp.rel_start, t, side="right")))
             info = {"copy": cp.op.id, "items": n_items, "items_done": n_done,
                     "items_in_flight": max(0, started - n_done)}
             in_flight.append((cp.op.index, info))

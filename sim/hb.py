@@ -750,15 +750,15 @@ class OnlineClocks:
         return self._by_index[i]
 
     def add(self, op):
-        c = self.hc[op.host].copy()
         if op.stream is not None:
             k = self.stream_idx[op.stream]
             prev = self.last.get(op.stream)
-            if prev is not None:
-                np.maximum(c, prev[1], out=c)
+            # a new array either way (the host's and the previous op's clocks are held)
+            c = self.hc[op.host].copy() if prev is None else np.maximum(self.hc[op.host], prev[1])
             if op.op == "wait" and op.bound_record is not None:
                 np.maximum(c, self._by_index[op.bound_record], out=c)
         else:
+            c = self.hc[op.host].copy()
             k = self.host_idx[op.host]
             for t in op.sync_targets:
                 np.maximum(c, self._by_index[t], out=c)

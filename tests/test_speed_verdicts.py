@@ -106,3 +106,32 @@ def test_merge_of_one_extent_equals_the_general_path(start, length, dtype):
     gs, ge = _merge(s, e)
     assert gs.dtype == ge.dtype == np.int64
     assert gs.tolist() == ws.tolist() and ge.tolist() == we.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 1e7, allow_nan=False), st.floats(0, 1e4, allow_nan=False), st.floats(0, 2e7, allow_nan=False))
+def test_one_item_copy_started_equals_searchsorted(t0, start, t):
+    """A read's count of a one-item copy's started items (``_Copy.one_start``) is what
+    ``searchsorted(t0 + rel_start, t, "right")`` gives, also at the start instant itself."""
+    import numpy as np
+    from sim.executor import _Copy
+    rel = np.array([start])
+    cp = _Copy(None, None, rel, rel + 1.0, t0, np.array([0, 1]))
+    for when in (t, t0 + start, float(t0 + rel[0])):
+        assert int(cp.one_start <= when) == int(np.searchsorted(cp.t0 + cp.rel_start, when, side="right"))
+
+
+@SETTINGS
+@given(st.one_of(rich_schedules(max_ops=14), schedules(max_ops=14)))
+def test_online_clocks_equal_happens_before_clocks(doc):
+    """OnlineClocks.add (one new array per stream op) gives every op HappensBefore's clock,
+    component and position."""
+    import numpy as np
+    from sim.hb import HappensBefore, OnlineClocks
+    s = validate(doc)
+    hb = HappensBefore(s)
+    oc = OnlineClocks(s.streams, s.hosts)
+    for op in s.ops:
+        k, n, c = oc.add(op)
+        assert (k, n) == (int(hb.comp[op.index]), int(hb.pos[op.index]))
+        assert np.array_equal(c, hb.clock[op.index])
