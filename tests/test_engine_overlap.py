@@ -4,6 +4,7 @@ batch N's result is processed, which waits on an event recorded after N's forwar
 stream; the chunked request enters the tree chunk by chunk (``cache_unfinished_req``)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from sim.engine import PrefillEngine
@@ -112,6 +113,7 @@ def test_overlap_processes_a_batch_one_iteration_later_on_its_event():
     assert overlapped > len(syncs) // 2
 
 
+@pytest.mark.slow
 def test_overlap_stashes_the_chunked_request_per_chunk():
     """With chunks the chunked request's computed, page-aligned prefix is in the tree before its
     last chunk runs (cache_unfinished_req), and every request still completes."""
@@ -180,3 +182,42 @@ def test_normal_loop_results_do_not_depend_on_the_new_key():
     b = PrefillEngine(load_scenario("glm5-22811-small", [*base, "scheduler.event_loop=normal"]), 0,
                       keep="report").run().signature()
     assert a == b
+
+
+def test_stash_frees_the_slots_the_tree_already_had_and_continues_on_the_trees():
+    """``cache_unfinished_req``: when another request inserted the chunk's tokens since this one
+    matched, the stash frees this request's slots for them (while its chunk's forward may still
+    write them), gives it the tree's slots instead and moves its lock to the new last node."""
+    from sim.cache.radix import RadixKey
+    from sim.cache.records import InsertParams
+    from sim.engine.workload import tokens
+
+    e = _engine([*SMALL, *TIGHT, "scheduler.chunked_prefill_size=128"])
+    e.start()
+    while e.step():
+        a = e.chunked
+        if a is not None and (len(a.prefix) + a.done) // e.page * e.page > len(a.prefix):
+            break
+    else:
+        pytest.fail("no chunked request with a chunk to stash")
+    page, alloc = e.page, e.session.allocator
+    computed = len(a.prefix) + a.done
+    aligned = computed // page * page
+    n_total = len(a.prefix) + a.n_new
+    mine = a.new[:aligned - len(a.prefix)].copy()
+    # another request's KV for the same tokens, inserted into the tree first
+    other = alloc.alloc(len(mine))
+    e.cache.insert(InsertParams(RadixKey(tokens(a.req)[:aligned]), np.concatenate([a.prefix, other])))
+    old_node, free_before = a.node, alloc.available_size()
+    e._stash(a)
+    assert e.counts["stash_frees"] == len(mine)
+    assert alloc.available_size() == free_before + len(mine)
+    free_pages = set(np.asarray(alloc.free_pages).tolist()) | set(np.asarray(getattr(alloc, "release_pages", [])).tolist())
+    assert set((mine // page).tolist()) <= free_pages
+    assert np.array_equal(a.prefix[-len(other):], other) and len(a.prefix) == aligned
+    assert a.done == computed - aligned and len(a.prefix) + a.n_new == n_total
+    assert a.node is not old_node and a.node.lock_ref > 0
+    while e.step():
+        pass
+    r = e.finish()
+    assert r.requests_completed == r.requests_total
