@@ -62,24 +62,30 @@ def test_event_loop_is_validated_naming_the_key():
     assert load_scenario("glm5-22811-small").scheduler.event_loop == "normal"
 
 
-def test_overlap_loads_the_next_batch_while_the_forward_runs_unless_fenced():
-    """Without #36738's fence the next batch's load-back runs beside the previous forward; with
-    it (the default) and in the normal loop it never starts before the forwards issued before it
-    have ended."""
-    # NOTE: small chunks keep batches back to back (a batch formed while the previous one runs)
-    unfenced = _engine([*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"])
-    r = unfenced.run()
-    loads, overlapped = _loads_during_earlier_forwards(unfenced)
+@pytest.fixture(scope="module")
+def fence_runs():
+    """The small colocated run on the overlap loop without the fence and with it (``keep="all"``,
+    finished), and on the normal loop without it."""
+    out = {}
+    for name, sets in (("unfenced", [*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"]),
+                       ("fenced", [*SMALL, *TIGHT]),
+                       ("normal", [*SMALL[:2], *TIGHT, "variant.hypotheses=load-unfenced"])):
+        e = _engine(sets)
+        out[name] = (e, e.run())
+    return out
+
+
+def test_overlap_loads_the_next_batch_while_the_forward_runs_unless_fenced(fence_runs):
+    """Without #36738's fence the next launch's load-back runs beside the previous forward or
+    decode step; with it (the default) and in the normal loop it never starts before the
+    forwards issued before it have ended."""
+    e, r = fence_runs["unfenced"]
+    loads, overlapped = _loads_during_earlier_forwards(e)
     assert r.load_backs > 0 and loads > 0 and overlapped > 0
     assert r.requests_completed == r.requests_total
-    fenced = _engine([*SMALL, *TIGHT])
-    fenced.run()
-    loads, overlapped = _loads_during_earlier_forwards(fenced)
-    assert loads > 0 and overlapped == 0
-    normal = _engine([*SMALL[:2], *TIGHT, "variant.hypotheses=load-unfenced"])
-    normal.run()
-    loads, overlapped = _loads_during_earlier_forwards(normal)
-    assert loads > 0 and overlapped == 0
+    for name in ("fenced", "normal"):
+        loads, overlapped = _loads_during_earlier_forwards(fence_runs[name][0])
+        assert loads > 0 and overlapped == 0, name
 
 
 def test_overlap_processes_a_batch_one_iteration_later_on_its_event():
@@ -133,32 +139,35 @@ def test_overlap_stashes_the_chunked_request_per_chunk():
     assert r.requests_completed == r.requests_total and r.requests_corrupted == 0
 
 
-def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it():
+def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it(fence_runs):
     """SGLang #36738: a request that finished in decode step s ran once more in step s+1 (launched
     before s's result was processed) and its last page is freed while s+1 may still write it; the
     next prefill batch's load-back gets that page, and without the fence its H2D is ordered only
     after the scheduler stream, so s+1's late KV write lands on the restored prefix: reads that
     waited for their layer's load still see the wrong bytes.  With the fence (the default), and in
     the normal loop, nothing is corrupted and nothing races."""
-    sets = [*SMALL, *TIGHT]
-    bad = run_prefill_engine("glm5-22811-small", 0, overrides=[*sets, "variant.hypotheses=load-unfenced"])
+    bad = fence_runs["unfenced"][1]
     assert bad.load_backs > 0 and bad.requests_completed == bad.requests_total
     assert bad.requests_corrupted > 0 and bad.stale_reads + bad.torn_reads > 0 and bad.latent_races > 0
     raced = [c for c in bad.corrupted_reads if c["status"] in ("stale", "torn")]
     assert raced and all(c["waited"] and c["consumer_index"] >= 0 for c in raced)
     # the late write is another request's decode KV: the KV oracle flags it too
     assert bad.requests_wrong_kv > 0
-    fenced = run_prefill_engine("glm5-22811-small", 0, overrides=sets)
+    fenced = fence_runs["fenced"][1]
     assert fenced.load_backs > 0
     assert fenced.requests_corrupted == fenced.latent_races == fenced.stale_reads == fenced.torn_reads == 0
-    normal = run_prefill_engine("glm5-22811-small", 0, overrides=[*SMALL[:2], *TIGHT, "variant.hypotheses=load-unfenced"])
+    normal = fence_runs["normal"][1]
     assert normal.load_backs > 0 and normal.requests_corrupted == normal.latent_races == 0
+    # streaming verdicts give the same result on the overlap loop
+    streamed = PrefillEngine(load_scenario("glm5-22811-small", [*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"]),
+                             0, keep="report").run()
+    a, b = bad.signature(), streamed.signature()
+    assert a == b, {k: (a[k], b[k]) for k in a if a[k] != b[k]}
 
 
 @pytest.mark.parametrize("sets, seed", [
     pytest.param(["run.layers=2", "variant.gate_map=upstream-0.5.10", "scheduler.event_loop=overlap", *TIGHT], 0,
                  marks=pytest.mark.slow),
-    ([*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"], 0),
     pytest.param([*SMALL, "variant.hypotheses=load-unfenced", CHUNKS, BUSY], 1, marks=pytest.mark.slow),
     pytest.param([*SMALL, "variant.hypotheses=load-unfenced"], 2, marks=pytest.mark.slow),
 ])
