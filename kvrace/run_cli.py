@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 from kvrace.argtypes import int_at_least
 from kvrace.sweep_cli import ProgressBar, add_trace_option, check_trace_option, write_run_trace
 from sim.report_io import check_output_path, emit
@@ -83,24 +85,76 @@ def format_run(d: dict) -> str:
     return "\n".join(out)
 
 
+def _races_before(run, report: dict, read_id: str) -> list[list[str]]:
+    """The op pairs of the latent races on a read's buffer whose listed ranges meet the read's
+    bytes and whose ops both started before the read touched them, latest first."""
+    s = run.schedule
+    read = next(o for o in s.ops if o.id == read_id)
+    t = run.access_us[read_id]
+    offs, lens = (np.asarray(x, np.int64) for x in read.extents)
+    found = []
+    for race in report["latent_races"]:
+        if race["buffer"] != read.buffer or read_id in race["ops"]:
+            continue
+        starts = [run.timings[o][0] for o in race["ops"]]
+        if max(starts) < t and any(bool(np.any((offs < hi) & (offs + lens > lo))) for lo, hi in race["ranges"]):
+            found.append((max(starts), list(race["ops"])))
+    return [ops for _, ops in sorted(found, key=lambda x: -x[0])]
+
+
+def _read_status(doc: dict, read_id: str, profile) -> str:
+    """The read's verdict when the window ``doc`` runs as `kvrace schedule run` runs it."""
+    from sim.executor import run_schedule
+    from sim.schedule import validate
+    from sim.verdicts import analyse
+
+    rep = analyse(run_schedule(validate(doc), profile))
+    return next(e["status"] for e in rep["reads"] if e["op"] == read_id)
+
+
+def race_window(run, report: dict, read_id: str) -> tuple[dict, bool]:
+    """The window schedule around a raced read of a finished run (``sim.window.cut_window``)
+    and whether the read is corrupt in it.  NOTE: a read that raced no op itself can still be
+    stale: two writers of its bytes raced each other before it (a late forward write and a
+    load-back into a reused page, the overlap loop's `load-unfenced`).  A window of the read
+    alone takes that race's outcome as its initial contents and finds the read OK, so the
+    races on the read's bytes are added, latest first, until the window shows the read corrupt
+    (or the next one would make the window too large to cut)."""
+    from sim.errors import InputError
+    from sim.window import cut_window
+
+    ids = [read_id]
+    doc = cut_window(run, ops=ids)
+    for ops in _races_before(run, report, read_id):
+        if _read_status(doc, read_id, run.profile) in ("stale", "torn"):
+            return doc, True
+        try:
+            wider = [*ids, *(o for o in ops if o not in ids)]
+            doc, ids = cut_window(run, ops=wider), wider
+        except InputError:
+            break
+    return doc, _read_status(doc, read_id, run.profile) in ("stale", "torn")
+
+
 def export_races(engine, result, directory, limit: int = 3) -> list[Path]:
     """Write the window schedule around each of the first ``limit`` raced (stale or torn)
     reads of a finished ``engine`` run into ``directory``; returns the paths written.  (A
     ``wrong-kv`` read that did not race has no race window: its bytes are wrong in every
     order, so the whole run, not a window, is its witness.)"""
-    from sim.window import cut_window
-
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     run = engine.session.finish()
     paths = []
     raced = [c for c in result.corrupted_reads if c["status"] in ("stale", "torn")]
     for k, c in enumerate(raced[:limit]):
-        doc = cut_window(run, ops=[c["op"]])
+        doc, shown = race_window(run, engine.report, c["op"])
         doc["name"] = f"{result.scenario}_race_{k}"
         doc["description"] = (f"Cut by `kvrace run --export-races` from {result.scenario} (seed {result.seed}): read "
                               f"{c['op']} ({c['reader']}, layer {c['layer']}, consumer index {c['consumer_index']}) "
-                              f"of requests {c['requests']}, {c['status']}, with the copies it raced.")
+                              f"of requests {c['requests']}, {c['status']}, with the ops it raced"
+                              + (" and the races on its bytes before it." if shown else
+                                 "; the race that decided its bytes lies before this window, whose initial "
+                                 "contents carry its outcome, so here the read is OK."))
         p = out / f"race_{k}_{c['op']}.json"
         p.write_text(json.dumps(doc, indent=1) + "\n")
         paths.append(p)

@@ -42,8 +42,10 @@ functions (``apply_copy`` per group of a copy's items that landed together,
 always in that order, and every mutation the run made before the window's start
 is in the prefix.  (Re-running a truncated schedule was the alternative; it is
 exact only when dropping the later ops changes no earlier timing or random
-draw, which ties and jitter do not guarantee.)  The contents are written as
-one general ``init`` fill per buffer::
+draw, which ties and jitter do not guarantee.)  Only the bytes the kept ops touch
+are written (a read's or write's extents, a copy's source and destination extents):
+nothing else of a buffer can reach a kept read, and a window of a large pool stays
+small.  Those contents are written as one general ``init`` fill per buffer::
 
     "init": [{"segments": [[offset, nbytes, kind, layer, owner, version, unit_bytes, stream_offset], ...]}]
 
@@ -104,7 +106,7 @@ import numpy as np
 
 from sim.errors import InputError
 from sim.executor import TieBreak
-from sim.hb import HappensBefore
+from sim.hb import HappensBefore, merge_intervals
 from sim.memory import Memory, clip_extents
 from sim.schedule import DEFAULT_HOST, MAX_HOSTS, SCHEMA_VERSION, validate
 
@@ -190,15 +192,47 @@ def snapshot_at(run, before_us: float) -> Memory:
     return _apply(run, [e for e in _events(run) if e[0] < before_us])
 
 
-def _segments(mem: Memory, name: str) -> list[list]:
+def _touched_ranges(s, ops) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per buffer, the byte ranges ``[start, end)`` that ``ops`` touch (a read's or write's
+    extents, a copy's source and destination extents), clipped to the buffer, sorted and merged."""
+    parts: dict[str, list] = {}
+    for o in ops:
+        if o.op == "copy":
+            e = o.plan.extents
+            n = np.asarray(e.length, np.int64)
+            for name, offs in ((o.src, e.src), (o.dst, e.dst)):
+                offs = np.asarray(offs, np.int64)
+                parts.setdefault(name, []).append((offs, offs + n))
+        elif o.op in ("read", "write"):
+            offs, lens = (np.asarray(x, np.int64) for x in o.extents)
+            parts.setdefault(o.buffer, []).append((offs, offs + lens))
+    out = {}
+    for name, lst in parts.items():
+        nb = s.buffers[name].nbytes
+        a = np.clip(np.concatenate([x[0] for x in lst]), 0, nb)
+        b = np.clip(np.concatenate([x[1] for x in lst]), 0, nb)
+        out[name] = merge_intervals(a, b)
+    return out
+
+
+def _segments(mem: Memory, name: str, ranges: tuple[np.ndarray, np.ndarray] | None = None) -> list[list]:
+    """The buffer's contents inside ``ranges`` (sorted, disjoint; None: the whole buffer) as
+    ``init`` segments: each segment of the compact model cut to the parts of it in a range."""
     buf = mem.compact[name]
     st, oid, soff = buf.segments()
     ends = np.r_[st[1:], buf.nbytes]
+    if ranges is None:
+        ranges = (np.zeros(1, np.int64), np.full(1, buf.nbytes, np.int64))
     rows = []
-    for a, e, o, f in zip(st.tolist(), ends.tolist(), oid.tolist(), soff.tolist()):
-        if e > a:
-            g = mem.table[o]
-            rows.append([a, e - a, g.kind, g.layer, g.owner, g.version, g.unit_bytes, f])
+    for lo, hi in zip(*(r.tolist() for r in ranges)):
+        k = int(np.searchsorted(st, lo, side="right")) - 1
+        while k < st.size and st[k] < hi:
+            a, e = max(int(st[k]), lo), min(int(ends[k]), hi)
+            if e > a:
+                g = mem.table[int(oid[k])]
+                rows.append([a, e - a, g.kind, g.layer, g.owner, g.version, g.unit_bytes,
+                             int(soff[k]) + a - int(st[k])])
+            k += 1
     return rows
 
 
@@ -439,13 +473,14 @@ def cut_window(run, *, t0: float | None = None, t1: float | None = None, ops=Non
             out_ops.append({"id": f"hb_rec:{o.id}", "op": "record", "stream": o.stream, "event": ev, "host": h})
 
     # buffers with their contents at the window's start
-    touched = [b for b in s.buffers if any(b in _touches(s.ops[i]) for i in kept)]
+    ranges = _touched_ranges(s, [s.ops[i] for i in sorted(kept)])
+    touched = [b for b in s.buffers if b in ranges]
     mem = _apply(run, accesses[:p0])
     raw_bufs = {b["name"]: b for b in s.raw.get("buffers", [])}
     buffers = []
     for b in touched:
         d = {k: _copy.deepcopy(v) for k, v in raw_bufs[b].items() if k != "init"}
-        d["init"] = [{"segments": _segments(mem, b)}]
+        d["init"] = [{"segments": _segments(mem, b, ranges[b])}]
         buffers.append(d)
     raw_streams = s.raw.get("streams", [])
     streams = [st for st in raw_streams

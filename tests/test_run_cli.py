@@ -40,6 +40,32 @@ def test_exported_races_rerun_as_schedules_with_the_same_corrupt_read(exported, 
         assert statuses[c["op"]] == c["status"]
 
 
+#: the overlap loop without #36738's fence (tests/test_engine_overlap.py's small colocated run)
+UNFENCED = ["--set", "variant.gate_map=upstream-0.5.11", "--set", "scheduler.event_loop=overlap",
+            "--set", "workload.sessions=5", "--set", "workload.max_turns=3", "--set", "workload.concurrency=4",
+            "--set", "scheduler.max_total_tokens=1536", "--set", "workload.max_context_tokens=1472",
+            "--set", "variant.hypotheses=load-unfenced"]
+
+
+def test_exported_race_of_reads_that_waited_shows_the_writers_race(tmp_path):
+    """A read that waited for everything is stale because a late forward write and a load-back
+    into its reused page raced before it: its window carries that race, and the read is stale
+    in the window too (a window of the read alone would take the race's outcome as given)."""
+    rc = main(ARGS + UNFENCED + ["--json", str(tmp_path / "run.json"), "--export-races", str(tmp_path / "races"),
+                                 "--export-limit", "2", "--fail-on", "none"])
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert rc == 0 and len(doc["exported_races"]) == 2
+    for p, c in zip(doc["exported_races"], doc["corrupted_reads"]):
+        assert c["waited"]
+        window = json.loads(open(p).read())
+        kinds = {o["op"] for o in window["ops"]}
+        assert {"copy", "write"} <= kinds
+        assert main(["schedule", "run", p, "--json", str(tmp_path / "rep.json"), "--fail-on", "none"]) == 0
+        rep = json.loads((tmp_path / "rep.json").read_text())
+        assert {r["op"]: r["status"] for r in rep["reads"]}[c["op"]] == c["status"]
+        assert "races on its bytes" in window["description"]
+
+
 def test_summary_table_and_clean_exit(capsys):
     rc = main(ARGS + ["--set", "variant.gate_map=upstream-0.5.11", "--fail-on", "corrupt,race"])
     out = capsys.readouterr().out
