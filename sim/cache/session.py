@@ -546,17 +546,7 @@ class CacheSession:
                              "every read in its RunResult)")
         if self._sink is not None:
             raise KvraceError("this session has a read sink already")
-        online = self._ex.online
-        take = online.captured
-        expected = online._expected
-
-        # NOTE: the online verdicts drop a read's expected views once its entry is made, and
-        # keep the entry for the report: the sink sees both first, and the entry is not kept
-        def captured(capture):
-            views, _ = expected[capture.index]
-            take(capture)
-            sink(capture, views, online.reads.pop())
-        online.captured = captured
+        self._ex.online.on_read(sink)
         self._sink = sink
 
     def finish(self) -> RunResult:
