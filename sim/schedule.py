@@ -409,6 +409,11 @@ def _int_list(v, where: str, lo: int = INT_MIN, hi: int = INT_MAX) -> np.ndarray
 
 def _normalise_args(args: dict, where: str) -> dict:
     """Index lists may be written as {"start", "count"[, "step"]}: expand them."""
+    for v in args.values():
+        if isinstance(v, dict):
+            break
+    else:
+        return dict(args)           # nothing to expand (the common case): a shallow copy
     return {k: (_int_list(v, f"{where}.{k}").tolist() if isinstance(v, dict) else v)
             for k, v in args.items()}
 
@@ -548,13 +553,16 @@ def _parse_segments(f: dict, fw: str, nbytes: int, totals: _Totals) -> Fill:
 
 
 def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_ranges: bool):
-    keys = [k for k in ("units", "tokens", "ranges") if k in d]
-    allowed = "'units' or 'tokens'" + (" or 'ranges'" if allow_ranges else "")
-    if not (len(keys) == 1):
-        raise InputError(where, f"expected exactly one of {allowed}, got {keys or 'none'}")
-    key = keys[0]
-    if not (allow_ranges or key != "ranges"):
-        raise InputError(f"{where}.ranges", f"not allowed here; use {allowed}")
+    if "units" in d and "tokens" not in d and "ranges" not in d:
+        key = "units"               # the common case, decided without building the key list
+    else:
+        keys = [k for k in ("units", "tokens", "ranges") if k in d]
+        allowed = "'units' or 'tokens'" + (" or 'ranges'" if allow_ranges else "")
+        if not (len(keys) == 1):
+            raise InputError(where, f"expected exactly one of {allowed}, got {keys or 'none'}")
+        key = keys[0]
+        if not (allow_ranges or key != "ranges"):
+            raise InputError(f"{where}.ranges", f"not allowed here; use {allowed}")
     lay = buf.layout
     is_read = allow_ranges
     if key == "ranges":
@@ -589,19 +597,28 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
         v = d[key]
         # NOTE: a short list of units of one layer is expanded once per (layout, layer, units):
         # ops share the read-only arrays (a run's reads and writes repeat their pages)
-        memo_key = (id(lay), layer, tuple(v)) if (type(v) is list and len(v) <= SELECTION_MEMO_UNITS
-                                                  and all(type(x) is int for x in v)) else None
+        memo_key = None
+        if type(v) is list and len(v) <= SELECTION_MEMO_UNITS:
+            t = tuple(v)
+            if all(type(x) is int for x in t):
+                memo_key = (id(lay), layer, t)
         got = _SELECTIONS.get(memo_key) if memo_key is not None else None
         if got is not None and got[0] is lay:
             return layer, got[1], got[2]
-        idx = _int_list(v, f"{where}.units", 0, lay.units - 1)
+        if memo_key is not None and memo_key[2] and 0 <= min(memo_key[2]) and max(memo_key[2]) < lay.units:
+            # every entry is an int (checked for the key) in range: what _int_list returns
+            idx = np.asarray(memo_key[2], dtype=np.int64)
+        else:
+            idx = _int_list(v, f"{where}.units", 0, lay.units - 1)
         if not (idx.size > 0):
             raise InputError(f"{where}.{key}", "expected at least one index")
         offs = lay.unit_offsets(layer, idx)
-        ext = (np.asarray(offs, dtype=np.int64), np.full(idx.size, lay.unit_bytes, np.int64))
+        ext = (np.asarray(offs, dtype=np.int64),
+               _unit_lengths(idx.size, lay.unit_bytes) if memo_key is not None
+               else np.full(idx.size, lay.unit_bytes, np.int64))
         if memo_key is not None:
-            for a in (idx, *ext):
-                a.setflags(write=False)
+            idx.setflags(write=False)
+            ext[0].setflags(write=False)          # ext[1] is shared and read-only already
             if len(_SELECTIONS) >= SELECTION_MEMO_SIZE:
                 _SELECTIONS.clear()
             _SELECTIONS[memo_key] = (lay, idx, ext)
@@ -617,6 +634,21 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
         raise InputError(f"{where}.{key}", "expected at least one index")
     offs, lens = lay.token_extents(layer, idx)          # (tokens, fields): token-major
     return layer, idx, (np.asarray(offs, dtype=np.int64).ravel(), np.asarray(lens, dtype=np.int64).ravel())
+
+
+_LENGTHS: dict = {}
+
+
+def _unit_lengths(n: int, unit_bytes: int) -> np.ndarray:
+    """``np.full(n, unit_bytes, int64)``, read-only and shared per (n, unit_bytes): the
+    lengths of a memoised unit selection (``SELECTION_MEMO_UNITS`` bounds ``n``)."""
+    got = _LENGTHS.get((n, unit_bytes))
+    if got is None:
+        if len(_LENGTHS) >= SELECTION_MEMO_SIZE:
+            _LENGTHS.clear()
+        got = _LENGTHS[(n, unit_bytes)] = np.full(n, unit_bytes, np.int64)
+        got.setflags(write=False)
+    return got
 
 
 def _copy_indices(args: dict, src, dst, where: str) -> int:
