@@ -18,6 +18,9 @@ BUSY = "workload.concurrency=6"
 TIGHT = ["workload.sessions=5", "workload.max_turns=3", "workload.concurrency=4", "scheduler.max_total_tokens=1536",
          "workload.max_context_tokens=1472"]
 SMALL = ["run.layers=2", "variant.gate_map=upstream-0.5.11", "scheduler.event_loop=overlap"]
+#: the fence runs' depth: a decode step's per-layer KV store (one write per layer for the whole
+#: batch) lands after the unfenced load-back's H2D of that layer only from a later layer on
+FENCE_LAYERS = "run.layers=4"
 
 
 def _engine(sets, seed=0, keep="all") -> PrefillEngine:
@@ -67,9 +70,9 @@ def fence_runs():
     """The small colocated run on the overlap loop without the fence and with it (``keep="all"``,
     finished), and on the normal loop without it."""
     out = {}
-    for name, sets in (("unfenced", [*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"]),
-                       ("fenced", [*SMALL, *TIGHT]),
-                       ("normal", [*SMALL[:2], *TIGHT, "variant.hypotheses=load-unfenced"])):
+    for name, sets in (("unfenced", [*SMALL, *TIGHT, FENCE_LAYERS, "variant.hypotheses=load-unfenced"]),
+                       ("fenced", [*SMALL, *TIGHT, FENCE_LAYERS]),
+                       ("normal", [*SMALL[:2], *TIGHT, FENCE_LAYERS, "variant.hypotheses=load-unfenced"])):
         e = _engine(sets)
         out[name] = (e, e.run())
     return out
@@ -159,7 +162,8 @@ def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it(fen
     normal = fence_runs["normal"][1]
     assert normal.load_backs > 0 and normal.requests_corrupted == normal.latent_races == 0
     # streaming verdicts give the same result on the overlap loop
-    streamed = PrefillEngine(load_scenario("glm5-22811-small", [*SMALL, *TIGHT, "variant.hypotheses=load-unfenced"]),
+    streamed = PrefillEngine(load_scenario("glm5-22811-small", [*SMALL, *TIGHT, FENCE_LAYERS,
+                                                                  "variant.hypotheses=load-unfenced"]),
                              0, keep="report").run()
     a, b = bad.signature(), streamed.signature()
     assert a == b, {k: (a[k], b[k]) for k in a if a[k] != b[k]}

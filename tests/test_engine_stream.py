@@ -164,7 +164,7 @@ def _reference_check_read(oracle, info, obs_read, req, n_ctx):
             so = int(p.stream_offset[i]) + rel - int(p.start[i])
             u, b = divmod(so, og.unit_bytes)
             ok[j] = (og.owner >= 0 and og.kind == kind and og.layer == pls[j] and b == in_unit[j]
-                     and oracle.content.get((kind, og.owner, u)) == int(want[entry[j]]))
+                     and oracle.content.get((kind, og.version, u)) == int(want[entry[j]]))
     bad = np.zeros(len(ent), bool)
     np.logical_or.at(bad, entry, ~ok)
     return bad

@@ -19,7 +19,8 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    allocator's unit);
 3. ``ready_to_load_host_cache()`` once per batch: the producer slot is the batch's consumer
    index (-1 when nothing was loaded);
-4. the new tokens' KV written on the forward stream (``store_kv``, no wait: the fallback
+4. the batch's new tokens' KV written on the forward stream (one ``store_kv`` write per layer
+   and pool for the whole batch, as ``set_kv_buffer``; no wait: the fallback
    index-K store and ``set_kv_buffer`` never wait on a layer event and write slots no load
    touches), then the forward pass (``issue_forward``) with the scenario's gate map, options
    and cost model; the scheduler waits for the forward stream (``copy_done.synchronize()``);
@@ -313,6 +314,7 @@ class PrefillEngine:
         if self.keep == "report":
             self.session.set_read_sink(self._on_read)
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
+        self._stores = 0                 # batch stores issued (their number is their writes' version)
         self.chunked: _Admitted | None = None
         # the overlap loop (scheduler.event_loop = "overlap"): the batch launched last, whose result
         # is processed in the next iteration (SGLang's result_queue of one)
@@ -486,10 +488,13 @@ class PrefillEngine:
         self.counts["batches"] += 1
         consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
         self._check_ownership(batch)
+        store = self._next_store()
+        parts = []
         for a in batch:
             slots = a.new[a.done:a.done + a.chunk]
-            s.store_kv(slots, owner=a.req.rid, stream="forward", sync=False)
-            self._record_store(a, slots)
+            self._record_store(a, slots, store)
+            parts.append(slots)
+        self._store_batch(parts, batch[0].req.rid, store)
         reqs = []
         for a in batch:
             slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
@@ -589,11 +594,12 @@ class PrefillEngine:
         self.counts["batches"] += 1
         consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
         self._check_ownership(batch)
-        stores = []
+        store = self._next_store()
+        parts = []
         for a in batch:
             slots = a.new[a.done:a.done + a.chunk]
-            self._record_store(a, slots)
-            stores.append((a.req.rid, slots))
+            self._record_store(a, slots, store)
+            parts.append(slots)
         reqs = []
         for a in batch:
             slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
@@ -601,8 +607,7 @@ class PrefillEngine:
             reqs.append(BatchRequest(a.req.rid, entries, a.chunk, len(slots)))
 
         def store_layer(layer: int) -> None:
-            for rid, slots in stores:
-                s.store_kv(slots, owner=rid, layers=[layer], stream="forward", sync=False)
+            self._store_batch(parts, batch[0].req.rid, store, layer)
 
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
         fb = ForwardBatch("extend", tuple(reqs), consumer)
@@ -691,9 +696,10 @@ class PrefillEngine:
             st[2] += 1
             st[0] += 1
         layers = self.model.n_layers
+        store = self._next_store() if stores else 0
         for layer in range(layers):
-            for rid, slot in stores:
-                s.store_kv(slot, owner=rid, layers=[layer], stream="forward", sync=False)
+            if stores:
+                self._store_batch([slot for _, slot in stores], stores[0][0], store, layer)
             s.host.issue({"op": "compute", "stream": "forward", "duration_us": d / layers, "jitter": False,
                           "id": f"decode{k - 1}.L{layer}"})
         event = self._record_copy_done(f"decode{k - 1}")
@@ -719,8 +725,29 @@ class PrefillEngine:
             return True
         return self._idle()
 
-    def _record_store(self, a: _Admitted, slots: np.ndarray) -> None:
-        """Tell the KV oracle which token prefix each unit just stored holds."""
+    def _next_store(self) -> int:
+        """The number of the next batch store (1, 2, ...: unique in the run); its write ops
+        carry it as their ``version``, and the KV oracle files its units under it."""
+        self._stores += 1
+        return self._stores
+
+    def _store_batch(self, parts: list, owner: int, store: int, layer: int | None = None) -> None:
+        """Store a batch's new KV: the slots of every request (``parts``, in batch order) in
+        ONE write per layer (``layer``: that one only; default all) and device buffer, as
+        SGLang's ``set_kv_buffer`` (and the DSA / V4 pools' ``set_*``) writes a whole batch's
+        ``out_cache_loc`` with one kernel per layer and pool.
+
+        NOTE: a write op carries one ``owner``: here the batch's first request, by convention
+        (``version`` = ``store``).  What each unit holds is the oracle's per-request record
+        (:meth:`_record_store`), never this owner; the race verdict compares provenance of
+        the same schedule in two orders, so the owner only names the bytes."""
+        slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self.session.store_kv(slots, owner=owner, layers=None if layer is None else [layer], version=store,
+                              stream="forward", sync=False)
+
+    def _record_store(self, a: _Admitted, slots: np.ndarray, store: int) -> None:
+        """Tell the KV oracle which token prefix each unit store ``store`` wrote for ``a``
+        holds."""
         pos = len(a.prefix) + a.done + np.arange(len(slots), dtype=np.int64)
         entries, positions = {}, {}
         for role, (name, _) in self.buffers.items():
@@ -731,7 +758,7 @@ class PrefillEngine:
                 raise EngineError(f"pool {role}: {len(ent)} entries for {int(done.sum())} slots completing a group "
                                   f"of {r} tokens (the session's entry mapping and the model's ratio disagree)")
             entries[role], positions[role] = ent, pos[done]
-        self.oracle.record_store(a.req, a.req.rid, entries, positions)
+        self.oracle.record_store(a.req, store, entries, positions)
 
     def _finish(self, rid: int, t_us: float) -> None:
         """Request ``rid``'s last output token came at ``t_us``: the turn is complete."""

@@ -8,11 +8,20 @@ meaning instead.  A KV entry's content is a pure function of the tokens up to it
 
 * when the forward stores request ``R``'s KV (``record_store``), every unit (page row, or
   token row) it writes gets a **content key**: the token prefix its entries were computed from
-  (for a page, up to the last entry the request completed in it);
+  (for a page, up to the last entry the request completed in it), filed under the **store**
+  that wrote it (the engine's number of that batch's store, which its write ops carry as
+  their ``version``) and the unit;
 * when a read made for ``R`` sees an entry (``check_read``), the provenance of the entry's
-  first byte of each field (whose bytes, which unit, where in the unit) must be a unit of the
-  same buffer kind and pool layer, at the same place in the unit, whose content key is the
-  key ``R``'s own tokens give for that entry.
+  first byte of each field (which write's bytes, which unit, where in the unit) must be a unit
+  of the same buffer kind and pool layer, at the same place in the unit, whose content key
+  (looked up by the origin's ``version`` = store and the unit) is the key ``R``'s own tokens
+  give for that entry.
+
+NOTE: the key is the store, not the write's ``owner``: the engine stores a whole batch's new
+KV with one write per layer and pool (SGLang's ``set_kv_buffer``), whose single ``owner`` is
+only the batch's first request; the engine's own bookkeeping (``record_store`` per request)
+says which request's tokens each unit of that write holds.  Store numbers are unique per
+engine run, so stale bytes of an earlier store never pass for a later one's.
 
 A content key is ``(session, n)`` for a token prefix of length ``n`` (``(-1, n)`` when the
 prefix lies inside the system prompt every session shares), so turns of one session and
@@ -48,7 +57,7 @@ class KVOracle:
     ``buffers``: pool role -> (device buffer, layout); ``kinds``: buffer -> its schedule kind;
     ``ratios``: pool role -> raw tokens per entry."""
 
-    #: (owner, unit, key) triples are packed into one int64 below this product of their ranges
+    #: (store, unit, key) triples are packed into one int64 below this product of their ranges
     PACK_LIMIT = 1 << 62
     #: sampled bytes checked at once (see check_reads)
     CHUNK_SAMPLES = 1 << 18
@@ -57,39 +66,42 @@ class KVOracle:
         self.buffers = dict(buffers)
         self.kinds = dict(kinds)
         self.ratios = dict(ratios)
-        self.content: dict[tuple, int] = {}          # (kind, owner, unit) -> content key id
+        self.content: dict[tuple, int] = {}          # (kind, store, unit) -> content key id
         self._ids: dict[tuple, int] = {}             # content key -> id
         self.entries_checked = 0
         self._table = None                           # the origin table _fields mirrors
-        self._fields = tuple(np.zeros(0, np.int64) for _ in range(4))   # owner, layer, unit bytes, kind code
+        self._fields = tuple(np.zeros(0, np.int64) for _ in range(5))   # owner, layer, unit bytes, kind, version
         self._kinds: dict[str, int] = {}
 
     def _kind_code(self, kind: str) -> int:
         return self._kinds.setdefault(kind, len(self._kinds))
 
     def _origin_fields(self, table) -> tuple:
-        """Per origin id of ``table`` (the run's ``OriginTable``): owner, layer, unit bytes
-        and a code of its kind, as arrays (extended as the table grows: origins are
+        """Per origin id of ``table`` (the run's ``OriginTable``): owner, layer, unit bytes,
+        a code of its kind and its version (the store that wrote it), as arrays (extended as the table grows: origins are
         immutable and their ids dense)."""
         if table is not self._table:
-            self._table, self._fields = table, tuple(np.zeros(0, np.int64) for _ in range(4))
+            self._table, self._fields = table, tuple(np.zeros(0, np.int64) for _ in range(5))
         have = len(self._fields[0])
         n = len(table) if table is not None else 0
         if n > have:
             new = [table[i] for i in range(have, n)]
             add = (np.array([o.owner for o in new], np.int64), np.array([o.layer for o in new], np.int64),
                    np.array([o.unit_bytes for o in new], np.int64),
-                   np.array([self._kind_code(o.kind) for o in new], np.int64))
+                   np.array([self._kind_code(o.kind) for o in new], np.int64),
+                   np.array([o.version for o in new], np.int64))
             self._fields = tuple(np.concatenate([f, x]) for f, x in zip(self._fields, add))
         return self._fields
 
     def _page_tokens(self, role: str) -> int:
         return self.buffers[role][1].entries_per_unit * self.ratios[role]
 
-    def record_store(self, req, owner: int, entries: Mapping[str, np.ndarray], positions: Mapping[str, np.ndarray]):
-        """``owner`` stored, per role, ``entries`` (of the role's buffer) completed at token
+    def record_store(self, req, store: int, entries: Mapping[str, np.ndarray], positions: Mapping[str, np.ndarray]):
+        """Store ``store`` (the ``version`` of its write ops, unique per run) wrote, for
+        request ``req``, per role, ``entries`` (of the role's buffer) completed at token
         ``positions`` of ``req``'s sequence: each unit written gets the key of the prefix up
-        to the last entry completed in it."""
+        to the last entry completed in it.  Requests of one batch share a store; where two
+        of them write one unit, the later call's key stands (the later request's bytes)."""
         for role, ent in entries.items():
             if not len(ent):
                 continue
@@ -99,7 +111,7 @@ class KVOracle:
             pos = np.asarray(positions[role], np.int64)
             for u in np.unique(units).tolist():
                 last = int(pos[units == u].max())
-                self.content[(kind, owner, u)] = self._key_id(content_key(req, last + 1))
+                self.content[(kind, store, u)] = self._key_id(content_key(req, last + 1))
 
     def _key_id(self, key: tuple) -> int:
         return self._ids.setdefault(key, len(self._ids))
@@ -226,15 +238,15 @@ class KVOracle:
 
     def _verdict(self, kind, table, offs, oid, so, in_unit, entry, pls, want, base, rids, sizes, out) -> dict:
         """The check of every sampled offset, from the origin id and stream offset of its byte."""
-        og_owner, og_layer, og_ub, og_kind = self._origin_fields(table)
+        og_owner, og_layer, og_ub, og_kind, og_version = self._origin_fields(table)
         owner, layer, ub = og_owner[oid], og_layer[oid], og_ub[oid]
         okind = og_kind[oid] == self._kind_code(kind)
         u_src, b_src = np.divmod(so, ub)
         ok = (owner >= 0) & okind & (layer == pls) & (b_src == in_unit)
-        # the content of each distinct (owner, source unit, expected key) once; the triple is
+        # the content of each distinct (store, source unit, expected key) once; the triple is
         # packed into one int64 when it fits, so the dedup is a 1-D sort (the row-wise unique
         # of the triples is several times slower)
-        o, u, k = owner[ok], u_src[ok], want[ok]
+        o, u, k = og_version[oid][ok], u_src[ok], want[ok]
         if o.size:
             n_u, n_k = int(u.max()) + 1, int(k.max()) + 1
             if (int(o.max()) + 1) * n_u * n_k < self.PACK_LIMIT:
