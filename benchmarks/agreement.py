@@ -44,7 +44,7 @@ def csv_provenance(path: str) -> list[str]:
 
 
 def provider_table(name: str, rows: list[dict]) -> tuple[list[str], dict]:
-    lines = [f"| compute us | B/token | tokens | GPU stale | GPU 95 % | simulated | diff 95 % | verdict |",
+    lines = ["| compute us | B/token | tokens | GPU stale | GPU 95 % | simulated | diff 95 % | verdict |",
              "| ---: | ---: | ---: | ---: | --- | ---: | --- | --- |"]
     n = miss = within = 0
     absdiff = 0.0
