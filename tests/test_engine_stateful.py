@@ -386,15 +386,18 @@ class EngineMachine(RuleBasedStateMachine):
         target(float(self.most_in_flight), label="load-backs in flight")
 
 
+def _settings(examples: int, steps: int) -> settings:
+    return settings(max_examples=examples, stateful_step_count=steps, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
 TestEngineMachine = EngineMachine.TestCase
-TestEngineMachine.settings = settings(max_examples=3, stateful_step_count=25, deadline=None,
-                                      suppress_health_check=[HealthCheck.too_slow])
+TestEngineMachine.settings = _settings(3, 25)
 
 
 @pytest.mark.slow
 class TestEngineMachineDeep(EngineMachine.TestCase):
-    settings = settings(max_examples=40, stateful_step_count=80, deadline=None,
-                        suppress_health_check=[HealthCheck.too_slow])
+    settings = _settings(40, 80)
 
 
 class OverlapEngineMachine(EngineMachine):
@@ -409,11 +412,9 @@ class OverlapEngineMachine(EngineMachine):
 
 
 TestOverlapEngineMachine = OverlapEngineMachine.TestCase
-TestOverlapEngineMachine.settings = settings(max_examples=3, stateful_step_count=25, deadline=None,
-                                             suppress_health_check=[HealthCheck.too_slow])
+TestOverlapEngineMachine.settings = _settings(3, 25)
 
 
 @pytest.mark.slow
 class TestOverlapEngineMachineDeep(OverlapEngineMachine.TestCase):
-    settings = settings(max_examples=30, stateful_step_count=80, deadline=None,
-                        suppress_health_check=[HealthCheck.too_slow])
+    settings = _settings(30, 80)
