@@ -482,39 +482,53 @@ class PrefillEngine:
         self.waiting = rest
         return batch
 
-    def _run_batch(self, batch: list[_Admitted]) -> None:
+    def _prepare(self, batch: list[_Admitted]) -> tuple[int, int, list, ForwardBatch]:
+        """What launching ``batch`` starts with, in either loop: its number ``k``, the load
+        queue started (the batch's consumer index, -1 without HiCache), the ownership check,
+        the number of its KV store with each request's new slots recorded for it (``parts``),
+        and its ``ForwardBatch``."""
         s = self.session
         k = self.counts["batches"]
         self.counts["batches"] += 1
         consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
         self._check_ownership(batch)
         store = self._next_store()
-        parts = []
+        parts, reqs = [], []
         for a in batch:
-            slots = a.new[a.done:a.done + a.chunk]
-            self._record_store(a, slots, store)
-            parts.append(slots)
-        self._store_batch(parts, batch[0].req.rid, store)
-        reqs = []
-        for a in batch:
+            new = a.new[a.done:a.done + a.chunk]
+            self._record_store(a, new, store)
+            parts.append(new)
             slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
             entries = {role: s.entries_of(name, slots) for role, (name, _) in self.buffers.items()}
             reqs.append(BatchRequest(a.req.rid, entries, a.chunk, len(slots)))
+        return k, store, parts, ForwardBatch("extend", tuple(reqs), consumer)
+
+    def _issue_forward(self, batch: list[_Admitted], k: int, fb: ForwardBatch, one_step: bool,
+                       before_layer=None) -> None:
+        """Issue ``batch``'s forward (``fwd{k}``) with the gate map and keep, for each read,
+        what judging it needs (the requests it was made for and how far each had come)."""
+        s = self.session
+        consumer = fb.consumer_index
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
-        fb = ForwardBatch("extend", tuple(reqs), consumer)
-        # NOTE: one step only where nothing can interleave: no load into these buffers in flight
-        # and none issued before the forward's last read (the scheduler synchronizes the forward
-        # stream below before its next cache call); the results are the per-layer mode's
-        one_step = self.one_step and can_advance_in_one_step(s.host, fb, self.buffers)
-        self.forwards_one_step += one_step
         issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
                               cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
-                              one_step=one_step, tag=f"fwd{k}", key=(k,))
+                              one_step=one_step, tag=f"fwd{k}", key=(k,), before_layer=before_layer)
         if self.keep == "all":
             self.issues.append(issue)
         made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
         for r in issue.reads:
             self.read_rids[r.op_id] = (r, consumer, made_for)
+
+    def _run_batch(self, batch: list[_Admitted]) -> None:
+        s = self.session
+        k, store, parts, fb = self._prepare(batch)
+        self._store_batch(parts, batch[0].req.rid, store)
+        # NOTE: one step only where nothing can interleave: no load into these buffers in flight
+        # and none issued before the forward's last read (the scheduler synchronizes the forward
+        # stream below before its next cache call); the results are the per-layer mode's
+        one_step = self.one_step and can_advance_in_one_step(s.host, fb, self.buffers)
+        self.forwards_one_step += one_step
+        self._issue_forward(batch, k, fb, one_step)
         s.synchronize(stream="forward")
         for a in batch:
             a.done += a.chunk
@@ -589,37 +603,13 @@ class PrefillEngine:
         the load queue started, the ownership check, the forward issued per layer with each
         layer's new-token KV stores at its start (as the real forward writes them: a late
         layer's store lands late), then ``copy_done`` recorded on the forward stream."""
-        s = self.session
-        k = self.counts["batches"]
-        self.counts["batches"] += 1
-        consumer = self.cache.ready_to_load_host_cache() if self.hicache else -1
-        self._check_ownership(batch)
-        store = self._next_store()
-        parts = []
-        for a in batch:
-            slots = a.new[a.done:a.done + a.chunk]
-            self._record_store(a, slots, store)
-            parts.append(slots)
-        reqs = []
-        for a in batch:
-            slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
-            entries = {role: s.entries_of(name, slots) for role, (name, _) in self.buffers.items()}
-            reqs.append(BatchRequest(a.req.rid, entries, a.chunk, len(slots)))
+        k, store, parts, fb = self._prepare(batch)
 
         def store_layer(layer: int) -> None:
             self._store_batch(parts, batch[0].req.rid, store, layer)
 
-        events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
-        fb = ForwardBatch("extend", tuple(reqs), consumer)
         # NOTE: never one step here: the next batch's load is issued while this forward runs
-        issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
-                              cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
-                              one_step=False, tag=f"fwd{k}", key=(k,), before_layer=store_layer)
-        if self.keep == "all":
-            self.issues.append(issue)
-        made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
-        for r in issue.reads:
-            self.read_rids[r.op_id] = (r, consumer, made_for)
+        self._issue_forward(batch, k, fb, False, before_layer=store_layer)
         event = self._record_copy_done(f"fwd{k}")
         finished = []
         for a in batch:
