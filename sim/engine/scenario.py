@@ -289,10 +289,10 @@ def _toml_value(v) -> str:
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
-        # NOTE: JSON's escapes (\" \\ \b \t \n \f \r \uXXXX) are TOML's; but a character beyond
-        # the BMP becomes a \uD83D\uDE00 surrogate pair in ASCII JSON, which TOML refuses, so
-        # non-ASCII stays literal (UTF-8), and DEL, which JSON leaves bare and TOML must have
-        # escaped, is escaped by hand
+        # NOTE: a JSON string is a TOML basic string, with two exceptions handled here.
+        # ASCII JSON writes a character beyond the BMP as a surrogate pair (\uD83D\uDE00),
+        # which TOML refuses: so non-ASCII characters stay literal (UTF-8).  JSON leaves DEL
+        # bare, which TOML refuses: so it is escaped by hand.
         if any("\ud800" <= c <= "\udfff" for c in v):
             raise InputError("scenario", f"cannot write {show(v)} as TOML: it holds a lone surrogate")
         return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")
