@@ -54,3 +54,15 @@ def skip_unavailable_provider(name: str, why: str) -> None:
         pytest.fail(f"provider {name} is required ({REQUIRE_PROVIDERS_ENV}={os.environ[REQUIRE_PROVIDERS_ENV]}) "
                     f"but unavailable: {why}")
     pytest.skip(f"provider {name} unavailable: {why}")
+
+
+def run_subcommand(add_parser, command: str, *argv) -> int:
+    """Run a CLI module's subcommand (``add_parser(sub, epilog)``, as the helpers' modules
+    expose it) on its own parser: ``kvrace <command> argv...``; returns its exit code."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="kvrace")
+    sub = p.add_subparsers(dest="command", required=True)
+    add_parser(sub, "exit codes: ...")
+    args = p.parse_args([command, *argv])
+    return args.func(args)

@@ -1,7 +1,6 @@
 """kvrace explore (kvrace/explore_cli.py), through a parser built here."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -11,18 +10,14 @@ from sim.errors import InputError
 from sim.executor import run_schedule
 from sim.schedule import load
 from sim.verdicts import read_digest
-from tests.helpers import profile
+from tests.helpers import profile, run_subcommand
 
 UNGATED = "examples/index_k_ungated_race.json"
 GATED = "examples/index_k_gated.json"
 
 
 def run(*argv) -> int:
-    p = argparse.ArgumentParser(prog="kvrace")
-    sub = p.add_subparsers(dest="command", required=True)
-    add_parser(sub, "exit codes: ...")
-    args = p.parse_args(["explore", *argv])
-    return args.func(args)
+    return run_subcommand(add_parser, "explore", *argv)
 
 
 def test_ungated_exits_1_and_lists_clean_and_corrupt_outcomes(capsys):

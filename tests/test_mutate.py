@@ -1,27 +1,22 @@
 """kvrace mutate (sim/explore/mutate.py, kvrace/mutate_cli.py): one synchronisation removed at a time."""
 from __future__ import annotations
 
-import argparse
-import copy
 import json
 
 import pytest
 
 from kvrace.mutate_cli import add_parser
 from sim.errors import InputError
-from sim.explore.mutate import mutate_scenario, mutate_schedule, schedule_mutants, schedule_text
+from sim.explore.mutate import mutate_scenario, mutate_schedule, schedule_mutants
 from sim.schedule import load, validate
+from tests.helpers import run_subcommand
 
 GATED = "examples/index_k_gated.json"
 UNGATED = "examples/index_k_ungated_race.json"
 
 
 def run(*argv) -> int:
-    p = argparse.ArgumentParser(prog="kvrace")
-    sub = p.add_subparsers(dest="command", required=True)
-    add_parser(sub, "exit codes: ...")
-    args = p.parse_args(["mutate", *argv])
-    return args.func(args)
+    return run_subcommand(add_parser, "mutate", *argv)
 
 
 @pytest.fixture(scope="module")
