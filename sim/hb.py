@@ -937,7 +937,8 @@ class RaceTracker:
         self.describe = describe                        # (entry, a info, b info) -> entry
         self.info: dict[int, tuple] = {}                # live op index -> caller's info (for entries)
         self._accs: dict[int, list] = {}                # live op index -> [(buffer, write, starts, ends)]
-        self._since_prune = 0
+        self._since_prune = 0                   # ops added since the last prune
+        self._rows_since_prune = 0              # their intervals
         self._live_after_prune = 0
         self._seq = 0
 
@@ -983,9 +984,13 @@ class RaceTracker:
                 lb.append(s, e, op_index, comp, pos, bool(w))
         self._accs[op_index] = accs
         self._since_prune += 1
-        # NOTE: a prune costs O(live accesses); pruning after at least that many adds keeps
-        # its cost O(1) per add, and the live set within a constant factor of what can race
-        if self._since_prune >= self.PRUNE_EVERY and self._since_prune >= self._live_after_prune:
+        self._rows_since_prune += sum(a[2].size for a in accs)
+        # NOTE: a prune costs O(live intervals); pruning once at least that many intervals
+        # were added keeps its cost O(1) per interval added, and the live set within a
+        # constant factor of what can race.  Counting ops instead let a run of wide writes
+        # (a batch's KV store: hundreds of intervals an op) grow the live set unpruned.
+        if (self._since_prune >= self.PRUNE_EVERY
+                and self._rows_since_prune >= self._live_after_prune):
             self.prune()
 
     def _keep(self, buf: str, a_ops: list, b: int, mine: list) -> None:
@@ -1034,7 +1039,7 @@ class RaceTracker:
 
     def prune(self) -> None:
         """Drop the accesses that happen before every op still to be issued."""
-        self._since_prune = 0
+        self._since_prune = self._rows_since_prune = 0
         floor = self.clocks.floor().tolist()
         alive_ops = set()
         for lb in self.live.values():

@@ -131,6 +131,43 @@ def test_race_tracker_drops_accesses_ordered_before_every_later_op():
     assert len(clocks._by_index) <= len(s.streams) + len(s.events)
 
 
+def test_race_tracker_prunes_wide_accesses_by_their_intervals():
+    """Ops of many intervals each (a batch's KV store: one write over scattered pages).
+    While a second stream lags, every write stays live (it may race that stream's next op);
+    once the lagging stream waits, they are ordered before every later op and must go
+    within a prune period counted in intervals: counted in ops, the period after a large
+    live set was as many ops as it had intervals, and every write in it was checked
+    against all of them."""
+    clocks = OnlineClocks(["s0", "s1"], ["host"])
+    tracker = RaceTracker(clocks, 10)
+    starts = np.arange(0, 8 * 4096, 4096, dtype=np.int64)        # 8 intervals an op
+
+    class Op:
+        host, sync_targets, bound_record = "host", (), None
+
+        def __init__(self, index, stream, op, event=None):
+            self.index, self.stream, self.op, self.event = index, stream, op, event
+
+    ops = [Op(0, "s1", "compute")]
+    ops += [Op(len(ops) + k, "s0", "write") for k in range(600)]          # s1 lags: all live
+    ops += [Op(len(ops), "s0", "record", "e0")]
+    ops += [Op(len(ops), "s1", "wait", "e0")]
+    for _ in range(300):                                                   # s1 follows s0
+        ops += [Op(len(ops) + k, "s0", "write") for k in range(8)]
+        ops += [Op(len(ops), "s0", "record", "e0")]
+        ops += [Op(len(ops), "s1", "wait", "e0")]
+    most = 0
+    for op in ops:
+        if op.op == "wait":
+            op.bound_record = op.index - 1
+        comp, pos, clock = clocks.add(op)
+        if op.op == "write":
+            tracker.add(op.index, comp, pos, clock, [("D", True, starts, starts + 256)])
+            most = max(most, tracker.live_accesses())
+    assert tracker.total == 0
+    assert most <= 8 * 600 * 2, most
+
+
 def test_report_run_holds_live_state_only(monkeypatch):
     """A host program of many rounds: what a keep="report" run holds per op does not
     grow with the number of rounds (a round reuses its slot after a positive query)."""
