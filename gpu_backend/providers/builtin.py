@@ -52,8 +52,9 @@ def _check(result, what: str):
     return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)
 
 
-def compile_only(arch: str) -> bytes:
-    """Compile the builtin kernels for ``arch`` ("sm_90", "sm_120", ...) and return the cubin.
+def compile_only(arch: str, source: str | None = None) -> bytes:
+    """Compile the builtin kernels (or ``source``, a CUDA C++ translation unit without includes)
+    for ``arch`` ("sm_90", "sm_120", ...) and return the cubin.
 
     Needs NVRTC only (no GPU).  Raises ProviderError with NVRTC's log when it fails, or when NVRTC
     does not know the architecture.
@@ -65,7 +66,7 @@ def compile_only(arch: str) -> bytes:
     if int(arch[3:]) not in known:
         raise base.ProviderError(f"arch {arch}: this NVRTC ({_nvrtc_version()}) supports "
                                  f"{['sm_%d' % a for a in known]}; expected one of those")
-    src = bk.kernel_source().encode()
+    src = (bk.kernel_source() if source is None else source).encode()
     prog = _check(nvrtc.nvrtcCreateProgram(src, b"kvrace_builtin.cu", 0, [], []), "nvrtcCreateProgram")
     opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++17", b"-lineinfo"]
     try:
