@@ -803,21 +803,32 @@ class OnlineClocks:
 class _LiveBuffer:
     """One buffer's accesses that may still race a later op: one row per merged
     interval, ``(start, end, op index, the op's clock component, its position in it,
-    write)``, in a list (rows are few and touched one at a time: plain Python).
+    write)``, in a list (rows are few and touched one at a time: plain Python), and
+    the same rows as numpy columns (``columns``, made from the rows' intervals as
+    appended, in row order) for the queries that test many rows at once.
 
     Rows are indexed by the ``2**BUCKET_SHIFT``-byte buckets of the buffer they touch
     (intervals spanning more than ``MAX_BUCKETS`` buckets are kept in ``wide``), so
     the rows an interval can overlap are found without scanning every live row
-    (``overlapping``)."""
+    (``overlapping``).  A query that touches more than ``4 * MAX_BUCKETS`` buckets (a
+    batch's KV store or a forward's read: hundreds of scattered pages) tests every
+    live row instead, vectorised over the columns when at least ``NUMPY_ROWS`` rows
+    are live."""
 
     BUCKET_SHIFT = 16                   # 64 KiB buckets
     MAX_BUCKETS = 8
+    #: live rows from which a query that cannot use the buckets is vectorised
+    NUMPY_ROWS = 32
 
     def __init__(self):
         self.rows: list[tuple] = []
         self.buckets: dict[int, list[int]] = {}
         self.wide: list[int] = []
         self.writes = 0                     # rows that are writes (none: a read cannot race here)
+        # columns (start, end, op, comp, pos, write) of rows[:len(start)]; rows appended since
+        # are in _pending as (starts, ends, op, comp, pos, write) chunks until columns() is asked
+        self._cols = tuple(np.zeros(0, np.int64) for _ in range(5)) + (np.zeros(0, bool),)
+        self._pending: list[tuple] = []
 
     @property
     def n(self) -> int:
@@ -837,7 +848,10 @@ class _LiveBuffer:
             else:
                 lst.append(r)
 
-    def append(self, s: list, e: list, op: int, comp: int, pos: int, write: bool) -> None:
+    def append(self, s: list, e: list, op: int, comp: int, pos: int, write: bool,
+               s_arr: np.ndarray | None = None, e_arr: np.ndarray | None = None) -> None:
+        """Rows for the merged intervals ``[s, e)`` (lists; ``s_arr``/``e_arr``: the same
+        as int64 arrays, when the caller has them) of one access."""
         rows = self.rows
         if len(s) == 1:
             # one interval in one bucket (most accesses): _index inlined
@@ -857,10 +871,40 @@ class _LiveBuffer:
             for s0, e0 in zip(s, e):
                 self._index(len(rows), s0, e0)
                 rows.append((s0, e0, op, comp, pos, write))
+        self._pending.append((s if s_arr is None else s_arr, e if e_arr is None else e_arr, op, comp, pos, write))
         if write:
             self.writes += len(s)
 
-    def overlapping(self, s: list, e: list) -> list:
+    def columns(self) -> tuple:
+        """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order."""
+        pend = self._pending
+        if pend:
+            self._pending = []
+            sizes = [len(p[0]) for p in pend]
+            S, E, OP, COMP, POS, W = self._cols
+            new = (np.concatenate([S, *[np.asarray(p[0], np.int64) for p in pend]]),
+                   np.concatenate([E, *[np.asarray(p[1], np.int64) for p in pend]]))
+            rest = tuple(np.concatenate([old, np.repeat(np.array([p[k] for p in pend], old.dtype), sizes)])
+                         for k, old in zip((2, 3, 4, 5), (OP, COMP, POS, W)))
+            self._cols = new + rest
+        return self._cols
+
+    def _touched_buckets(self, s: list, e: list, s_arr, e_arr) -> int:
+        """How many (interval, bucket) pairs the merged intervals ``[s, e)`` touch."""
+        sh = self.BUCKET_SHIFT
+        if len(s) <= 8 or s_arr is None:
+            return sum(((ei - 1) >> sh) - (si >> sh) + 1 for si, ei in zip(s, e))
+        return int((((e_arr - 1) >> sh) - (s_arr >> sh)).sum()) + len(s)
+
+    def _rows_overlapping(self, s: list, e: list, s_arr=None, e_arr=None):
+        """Row indices (ascending) of the live rows overlapping ``[s, e)``, or None when
+        the query is better answered by the buckets (``overlapping``'s Python paths)."""
+        if len(self.rows) < self.NUMPY_ROWS or self._touched_buckets(s, e, s_arr, e_arr) <= 4 * self.MAX_BUCKETS:
+            return None
+        S, E = self.columns()[:2]
+        return _overlap_rows(S, E, np.arange(S.size), s, e, s_arr, e_arr)
+
+    def overlapping(self, s: list, e: list, s_arr=None, e_arr=None) -> list:
         """The live rows that overlap the merged intervals ``[s, e)`` (lists), in row order."""
         rows = self.rows
         sh = self.BUCKET_SHIFT
@@ -870,7 +914,47 @@ class _LiveBuffer:
             lo, hi = s[0], e[0]
             return [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ()))
                     if row[0] < hi and row[1] > lo]
-        if ((e[-1] - 1) >> sh) - (s[0] >> sh) < 4 * self.MAX_BUCKETS:
+        idx = self._rows_overlapping(s, e, s_arr, e_arr)
+        if idx is not None:
+            return [rows[r] for r in idx.tolist()]
+        return self._overlapping_py(s, e)
+
+    def racing(self, s: list, e: list, s_arr, e_arr, write: bool, clock: np.ndarray, cl: list | None):
+        """Op indices (an iterable, repeats allowed) of the live rows that overlap ``[s, e)``
+        and race an access of an op with clock ``clock`` (``cl``: the same as a list, or None):
+        the row's op is not ordered before it (``clock[comp] < pos``) and one side writes.
+        The same ops as filtering ``overlapping(s, e)``."""
+        rows = self.rows
+        sh = self.BUCKET_SHIFT
+        if len(s) == 1 and not self.wide and (e[0] - 1) >> sh == s[0] >> sh:
+            lo, hi = s[0], e[0]
+            cand = [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ()))
+                    if row[0] < hi and row[1] > lo]
+        elif len(rows) >= self.NUMPY_ROWS and \
+                self._touched_buckets(s, e, s_arr, e_arr) > 4 * self.MAX_BUCKETS:
+            # NOTE: the clock and write tests first (cheap, vectorised), the interval test
+            # only on the rows left
+            S, E, OP, COMP, POS, W = self.columns()
+            m = clock[COMP] < POS
+            if not write:
+                m &= W
+            idx = np.flatnonzero(m)
+            if not idx.size:
+                return ()
+            return OP[_overlap_rows(S, E, idx, s, e, s_arr, e_arr)].tolist()
+        else:
+            cand = self._overlapping_py(s, e)
+        if not cand:
+            return ()
+        if cl is None:
+            cl = clock.tolist()
+        return [row[2] for row in cand if cl[row[3]] < row[4] and (write or row[5])]
+
+    def _overlapping_py(self, s: list, e: list) -> list:
+        rows = self.rows
+        sh = self.BUCKET_SHIFT
+        if ((e[-1] - 1) >> sh) - (s[0] >> sh) < 4 * self.MAX_BUCKETS \
+                or self._touched_buckets(s, e, None, None) <= 4 * self.MAX_BUCKETS:
             cand = set(self.wide)
             buckets = self.buckets
             for si, ei in zip(s, e):
@@ -900,13 +984,46 @@ class _LiveBuffer:
 
     def keep_after(self, floor: list) -> None:
         """Keep the rows whose op does not happen before ``floor`` (a clock, as a list)."""
-        kept = [row for row in self.rows if floor[row[3]] < row[4]]
-        if len(kept) == len(self.rows):
-            return
+        if len(self.rows) >= self.NUMPY_ROWS:
+            S, E, OP, COMP, POS, W = cols = self.columns()
+            keep = np.asarray(floor, np.int64)[COMP] < POS
+            if keep.all():
+                return
+            idx = np.flatnonzero(keep)
+            rows = self.rows
+            kept = [rows[r] for r in idx.tolist()]
+            self._cols = tuple(c[idx] for c in cols)
+        else:
+            kept = [row for row in self.rows if floor[row[3]] < row[4]]
+            if len(kept) == len(self.rows):
+                return
+            self._cols, self._pending = _columns_of(kept), []
         self.rows, self.buckets, self.wide = kept, {}, []
         self.writes = sum(1 for row in kept if row[5])
         for r, row in enumerate(kept):
             self._index(r, row[0], row[1])
+
+
+def _columns_of(rows: list) -> tuple:
+    """Numpy columns ``(start, end, op, comp, pos, write)`` of rows (tuples)."""
+    a = np.array([row[:5] for row in rows], np.int64).reshape(-1, 5)
+    return (*(np.ascontiguousarray(a[:, k]) for k in range(5)), np.array([row[5] for row in rows], bool))
+
+
+def _overlap_rows(S, E, idx, s: list, e: list, s_arr=None, e_arr=None) -> np.ndarray:
+    """The entries of ``idx`` (row indices, ascending) whose interval ``[S, E)`` overlaps
+    the merged intervals ``[s, e)``, vectorised: the first query interval ending after a
+    row's start is the only one that can overlap it."""
+    rs, re_ = S[idx], E[idx]
+    if len(s) == 1:
+        return idx[(rs < e[0]) & (re_ > s[0])]
+    qs = np.asarray(s, np.int64) if s_arr is None else s_arr
+    qe = np.asarray(e, np.int64) if e_arr is None else e_arr
+    j = np.searchsorted(qe, rs, side="right")
+    inside = j < qs.size
+    ok = inside.copy()
+    ok[inside] = qs[j[inside]] < re_[inside]
+    return idx[ok]
 
 
 class RaceTracker:
@@ -961,27 +1078,21 @@ class RaceTracker:
             if lb is None:
                 lb = self.live[buf] = _LiveBuffer()
                 self.kept[buf] = []
-            spans = [(w, s.tolist(), e.tolist()) for _, w, s, e in mine]
+            spans = [(w, s.tolist(), e.tolist(), s, e) for _, w, s, e in mine]
             if lb.rows:
                 hits = set()
-                for w, s, e in spans:
+                for w, s, e, sa, ea in spans:
                     if not (w or lb.writes):
                         continue                # a read where only reads are live: nothing to race
-                    rows = lb.overlapping(s, e)
-                    if not rows:
-                        continue
-                    if cl is None:
-                        cl = clock.tolist()
-                    for row in rows:
-                        # unordered (the row's op is not before this one) and one side writes
-                        if cl[row[3]] < row[4] and (w or row[5]):
-                            hits.add(row[2])
+                    ops = lb.racing(s, e, sa, ea, w, clock, cl)
+                    if ops:
+                        hits.update(ops)
                 if hits:
                     self.total += len(hits)
                     if self.limit != 0:
                         self._keep(buf, sorted(hits), op_index, mine)
-            for w, s, e in spans:
-                lb.append(s, e, op_index, comp, pos, bool(w))
+            for w, s, e, sa, ea in spans:
+                lb.append(s, e, op_index, comp, pos, bool(w), sa, ea)
         self._accs[op_index] = accs
         self._since_prune += 1
         self._rows_since_prune += sum(a[2].size for a in accs)
