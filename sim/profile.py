@@ -39,7 +39,9 @@ _SCHEMA = {
 #     then over-counted, so use it to explore orders, not to predict durations).
 #   link.kernel_workers: "launch" runs a warp_quota kernel copy's items on the launch's warps (the
 #     sgl-kernel AOT shape); "sglang_jit" on SGLang's JIT hicache kernel's workers (256, 128 or 64
-#     items at once by element size; sim.transfers.timing), for a profile of SGLang's kernels.
+#     items at once by element size; sim.transfers.timing), for a profile of SGLang's kernels;
+#     "builtin" as "launch" below 16 MiB and on one block of 32 warps per SM (resident_warps
+#     items at once) for a row copy of 16 MiB or more: kvrace's builtin kernels.
 #   device.launch_jitter_us: every kernel (copy, read, write) starts after an extra delay drawn
 #     from an exponential distribution of this mean by the run's seeded generator: the launch
 #     skew between streams that a GPU shows (kernel starts measured 9-23 us after a gate on an
@@ -54,7 +56,7 @@ _SCHEMA = {
 #       (seed, op) so a forward's per-layer durations sum to its one-step duration (0: use
 #       compute.jitter_frac; the forward's compute ops are issued with jitter false).
 _OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent")),
-                      "kernel_workers": ("launch", ("launch", "sglang_jit"))},
+                      "kernel_workers": ("launch", ("launch", "sglang_jit", "builtin"))},
              "device": {"launch_jitter_us": (0.0, None)},
              "compute": {"peak_bf16_tflops": (0.0, None), "peak_fp8_tflops": (0.0, None),
                          "mem_gbps": (0.0, None), "flops_efficiency": (0.0, None),

@@ -184,7 +184,9 @@ def test_written_profile_loads_and_keeps_the_raw_data(tmp_path):
     text2, values2, _ = cal.refit_file(str(path))
     for sec in _SCHEMA:
         for k, v in values[sec].items():
-            assert values2[sec][k] == pytest.approx(v, rel=1e-5), (sec, k)
+            assert values2[sec][k] == (v if isinstance(v, str) else pytest.approx(v, rel=1e-5)), (sec, k)
+    # the worker rule follows the provider the link was fitted to
+    assert values["link"]["kernel_workers"] == "builtin" and doc["link"]["kernel_workers"] == "builtin"
 
 
 def test_profile_loader_ignores_the_extra_tables():

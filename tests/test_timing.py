@@ -115,3 +115,36 @@ def test_monotone(n, resident, frac):
     d1 = bytes_done(p, s, e, at + 1.0)
     assert np.all(d1 >= d0) and np.all(d0 <= p.extents.length)
     assert np.all((d0 % 256 == 0) | (d0 == 576))
+
+
+def test_builtin_worker_rule_goes_wide_from_16_mib():
+    """``workers="builtin"``: a row copy of 16 MiB or more runs ``resident_warps`` items at once
+    (the builtin kernel's one block per SM); a smaller one the launch's warps, as ``"launch"``."""
+    from sim.transfers.timing import BUILTIN_WIDE_MIN_BYTES, builtin_runs_wide, concurrency
+
+    t = LinkTiming(50.0, 3.0, 0.2, 4.0, resident_warps=132 * 32, workers="builtin")
+    below = per_layer(BUILTIN_WIDE_MIN_BYTES // 1024 - 1, 1024)
+    at = per_layer(BUILTIN_WIDE_MIN_BYTES // 1024, 1024)
+    assert not builtin_runs_wide(below) and builtin_runs_wide(at)
+    assert concurrency(below, t) == below.launch.warps == 64
+    assert concurrency(at, t) == 132 * 32
+    launch = LinkTiming(50.0, 3.0, 0.2, 4.0, resident_warps=132 * 32)
+    assert np.array_equal(item_times(below, t)[1], item_times(below, launch)[1])
+    assert copy_end_us(at, t) < copy_end_us(at, launch)
+    with pytest.raises(InputError, match="LinkTiming.workers"):
+        LinkTiming(1.0, workers="wide")
+
+
+def test_builtin_kernels_pick_the_wide_launch_by_the_same_rule():
+    """The provider's choice (``builtin_kernels.uses_wide``) and the simulator's
+    (``builtin_runs_wide``) agree, and the wide grid is one 1,024-thread block per SM."""
+    from gpu_backend.providers import builtin_kernels as bk
+    from sim.transfers.timing import builtin_runs_wide
+
+    for n in (1, 16383, 16384, 40000):
+        p = per_layer(n, 1024)
+        assert bk.uses_wide("kernel_per_layer", n, 1, 1024) == builtin_runs_wide(p)
+    assert not bk.uses_wide("token_bytewise", 1 << 20, 1, 1024)
+    assert bk.wide_launch(16384, 132) == (132, 1024, 4)
+    assert bk.wide_launch(40, 132) == (2, 1024, 1)
+    assert "kvr_rows_wide" in bk.kernel_source() and bk.WIDE_KERNEL == "kvr_rows_wide"

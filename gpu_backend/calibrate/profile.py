@@ -114,7 +114,9 @@ def fit_profile(meas: Mapping, link_provider: str = "builtin") -> tuple[dict, di
         "link": {"h2d_gbps": lf["gbps"], "d2h_gbps": fits["link_d2h"]["gbps"], "launch_us": lf["launch_us"],
                  "memcpy_latency_us": fits["memcpy_h2d"]["latency_us"],
                  "item_overhead_us": lf["item_overhead_us"],
-                 "warp_gbps": lf.get("warp_gbps", NO_WARP_LIMIT_GBPS), "gpus_per_link": 1},
+                 "warp_gbps": lf.get("warp_gbps", NO_WARP_LIMIT_GBPS), "gpus_per_link": 1,
+                 # the worker rule of the kernels the link was fitted to (sim.transfers.timing)
+                 "kernel_workers": {"sglang": "sglang_jit", "builtin": "builtin"}.get(link_provider, "launch")},
         "device": {"sm_count": sm, "resident_warps_per_sm": rw_per_sm, "hbm_gbps": hbm_gbps,
                    "kernel_launch_us": float(launch["tiny_kernel_us"])},
         "compute": {"jitter_frac": jitter},
@@ -177,6 +179,7 @@ def toml_table(name: str, table: Mapping, comments: Mapping[str, str] | None = N
 KEY_COMMENTS = {
     "h2d_gbps": "kernel_per_layer H2D fit with warp rate ([fit.*_h2d_warp_rate]; memcpy ceiling in [fit.memcpy_h2d])",
     "warp_gbps": "one warp's own copy rate ([fit.*_h2d_warp_rate])",
+    "kernel_workers": "who runs a kernel copy's items: the fitted provider's launch shapes (sim.transfers.timing)",
     "d2h_gbps": "builtin kernel_per_layer D2H fit ([fit.link_d2h])",
     "launch_us": "kernel copy: stream ready -> first round starts ([fit.*_h2d_warp_rate])",
     "memcpy_latency_us": "intercept of the H2D memcpy fit ([fit.memcpy_h2d])",

@@ -56,20 +56,19 @@ def staged_launch(provider_name: str, routine: str, src, dst, src_layout, dst_la
     keep = []   # device tensors the closure needs alive
 
     if provider_name == "builtin":
-        from gpu_backend.providers import builtin_kernels as bk
         from gpu_backend.providers.builtin import kernel_params
 
         if routine == "direct_per_layer":
             raise NotStaged("direct_per_layer is a host routine (one cuMemcpyAsync per piece)")
         mod = prov._module(device.index)
         mod.make_current()
-        kp = kernel_params(routine, src, dst, src_layout, dst_layout, args)
+        kp = kernel_params(routine, src, dst, src_layout, dst_layout, args, prov._sm_count(device.index))
         n, values = kp.n_items, dict(kp.values)
         keep = [torch.from_numpy(np.ascontiguousarray(kp.src_idx)).to(device),
                 torch.from_numpy(np.ascontiguousarray(kp.dst_idx)).to(device),
                 torch.tensor(kp.layers, dtype=torch.int64).to(device)]
         values.update(src_idx=keep[0].data_ptr(), dst_idx=keep[1].data_ptr(), layer_ids=keep[2].data_ptr())
-        kernel = bk.KERNELS[routine]
+        kernel = kp.kernel
 
         def run(stream, _keep=keep):
             if n:

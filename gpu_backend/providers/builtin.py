@@ -104,7 +104,7 @@ class _Module:
         self.module = _check(driver.cuModuleLoadData(self.cubin.ctypes.data), f"cuModuleLoadData({arch})")
         self.functions = {k: _check(driver.cuModuleGetFunction(self.module, k.encode()),
                                     f"cuModuleGetFunction({k})")
-                          for k in set(bk.KERNELS.values())}
+                          for k in set(bk.KERNELS.values()) | {bk.WIDE_KERNEL}}
 
     def make_current(self):
         driver, _ = _bindings()
@@ -121,10 +121,16 @@ class KernelParams:
     n_items: int
     shape: tuple[int, int]          # (blocks, threads)
     values: dict                    # pack_params values; src_idx/dst_idx/layer_ids still to fill
+    kernel: str = ""                # the kernel's name (bk.KERNELS[routine] or bk.WIDE_KERNEL)
 
 
-def kernel_params(routine: str, src, dst, src_layout, dst_layout, args: Mapping) -> KernelParams:
-    """Parameters of the kernel that runs ``routine`` (not ``direct_per_layer``, a host routine)."""
+def kernel_params(routine: str, src, dst, src_layout, dst_layout, args: Mapping,
+                  sm_count: int | None = None) -> KernelParams:
+    """Parameters of the kernel that runs ``routine`` (not ``direct_per_layer``, a host routine).
+
+    With ``sm_count`` (the device's SMs), a row routine moving at least ``bk.WIDE_MIN_BYTES``
+    runs ``kvr_rows_wide`` on one block per SM (``bk.uses_wide``); without it, or below that
+    size, the sgl-kernel launch shape of ``kvr_rows``."""
     sp, dp = base.layout_params(src_layout), base.layout_params(dst_layout)
     s, d = base.index_pair(args)
     layers = base.routine_layers(routine, src_layout, args)
@@ -142,8 +148,12 @@ def kernel_params(routine: str, src, dst, src_layout, dst_layout, args: Mapping)
                       f_dst_off=[f[0] for f in dp.fields], f_len=[f[1] for f in sp.fields])
     else:
         values["item_bytes"] = _item_bytes(routine, src_layout, dst_layout, args)
+    kernel = bk.KERNELS[routine]
+    if sm_count and bk.uses_wide(routine, n, len(layers), values.get("item_bytes", 0)):
+        blocks, threads, ipw = bk.wide_launch(n, sm_count)
+        kernel = bk.WIDE_KERNEL
     values.update(n_items=n, items_per_warp=ipw)
-    return KernelParams(s, d, layers, n, (blocks, threads), values)
+    return KernelParams(s, d, layers, n, (blocks, threads), values, kernel)
 
 
 class BuiltinProvider:
@@ -209,6 +219,10 @@ class BuiltinProvider:
         major, minor = self._torch.cuda.get_device_capability(device_index)
         return _Module(device_index, f"sm_{major}{minor}")
 
+    @functools.lru_cache(maxsize=None)
+    def _sm_count(self, device_index: int) -> int:
+        return int(self._torch.cuda.get_device_properties(device_index).multi_processor_count)
+
     def launch(self, routine: str, src, dst, src_layout, dst_layout, args: Mapping,
                stream=None, item_range: tuple[int, int] | None = None) -> None:
         torch = self._torch
@@ -230,7 +244,7 @@ class BuiltinProvider:
         if routine == "staged_all_layer_lf_pf":
             self._staged(mod, src, dst, src_layout, dst_layout, args, stream, device)
             return
-        kp = kernel_params(routine, src, dst, src_layout, dst_layout, args)
+        kp = kernel_params(routine, src, dst, src_layout, dst_layout, args, self._sm_count(device.index))
         if kp.n_items == 0:
             return
         s, d, layers, values = kp.src_idx, kp.dst_idx, kp.layers, kp.values
@@ -240,7 +254,7 @@ class BuiltinProvider:
             d_dev = torch.from_numpy(np.ascontiguousarray(d)).to(device, non_blocking=True)
             l_dev = torch.tensor(layers, dtype=torch.int64).to(device, non_blocking=True)
         values.update(src_idx=s_dev.data_ptr(), dst_idx=d_dev.data_ptr(), layer_ids=l_dev.data_ptr())
-        self._launch(mod, bk.KERNELS[routine], kp.shape, values, stream)
+        self._launch(mod, kp.kernel, kp.shape, values, stream)
 
     @staticmethod
     def _launch(mod: _Module, kernel: str, shape: tuple[int, int], values: dict, stream) -> None:

@@ -21,6 +21,12 @@ Kernels (one per routine family):
   ``k`` of item ``i`` is ``floor(indices[i * index_stride] / index_div)`` (1 and 1, or the DSA
   page size twice: first token of the page, divided by the page size).  Pairs with a negative
   index are skipped.  The layers in ``layers`` are visited inside each item.
+* ``kvr_rows_wide``: the same routines when the copy moves at least ``WIDE_MIN_BYTES`` (16 MiB):
+  the same item order (item ``i`` on warp ``i % warps``, round ``i // warps``) on one block of
+  1,024 threads per SM (``wide_launch``), 16-byte words with ``WIDE_VEC_WORDS`` loads per lane in
+  flight (8-byte words where the item or an address is not 16-byte aligned).  The sgl-kernel
+  shape's two CTAs cannot keep enough host reads in flight for the PCIe link
+  (``benchmarks/bench_rows_variants.py``).
 * ``kvr_dsv4``: ``dsv4_token``.  One warp per token (grid ``ceil(N/32)`` x 1024 threads).  The
   index is cast to int32; page ``index >> 6``, entry ``index & 63``; value 576 B at
   ``page * 37440 + entry * 576`` and scale 8 B at ``page * 37440 + 36864 + entry * 8`` from each
@@ -41,6 +47,8 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+
+from sim.transfers.timing import BUILTIN_WIDE_MIN_BYTES, BUILTIN_WIDE_ROUTINES
 
 MAX_FIELDS = 8
 WARP = 32
@@ -67,11 +75,21 @@ PARAM_WORDS = sum(n for _, n in PARAM_FIELDS)
 KERNELS = {"kernel_per_layer": "kvr_rows", "kernel_all_layer": "kvr_rows",
            "dsa_indexer_per_layer": "kvr_rows", "dsv4_token": "kvr_dsv4",
            "token_bytewise": "kvr_fields", "staged_all_layer_lf_pf": "kvr_stage_pages"}
+#: the routines whose copies of at least WIDE_MIN_BYTES run kvr_rows_wide instead of kvr_rows
+WIDE_KERNEL = "kvr_rows_wide"
+WIDE_ROUTINES = BUILTIN_WIDE_ROUTINES
 #: the gather step of the staged write-back: 256-thread blocks, one 16-byte vector per thread
 #: per grid-stride step, grid ceil(vectors / 256) (SGLang's relayout launch shape)
 #: kvr_rows: 8-byte words per lane whose loads are in flight together (16: 4 KiB per warp, the
 #: whole item for rows up to 4 KiB; SGLang's JIT kernel holds a whole item in registers)
 ROWS_BATCH_WORDS = 16
+#: kvr_rows_wide (copies of at least WIDE_MIN_BYTES): one block of 1,024 threads per SM, 16-byte
+#: words (8-byte where the item or an address is not 16-byte aligned), 8 loads per lane in flight.
+#: Measured (results/fidelity/round3/rows_variants.md): the sgl-kernel shape of 2 CTAs tops out at
+#: 0.79 of the pinned ceiling on 16,384 index-K pages and 0.58 on 1,152 B rows whatever the per-warp
+#: loop; one block per SM reaches 0.93 and 0.91 with the same loop.
+WIDE_MIN_BYTES = BUILTIN_WIDE_MIN_BYTES
+WIDE_VEC_WORDS = 8
 STAGE_BLOCK_THREADS = 256
 STAGE_VEC_BYTES = 16
 
@@ -122,6 +140,21 @@ def quota_launch(n_items: int) -> tuple[int, int, int]:
     ipw = -(-n_items // (QUOTA_BLOCKS * QUOTA_WARPS_PER_BLOCK))
     blocks = -(-n_items // (ipw * QUOTA_WARPS_PER_BLOCK))
     return blocks, QUOTA_WARPS_PER_BLOCK * WARP, ipw
+
+
+def uses_wide(routine: str, n_items: int, n_layers: int, item_bytes: int) -> bool:
+    """Whether ``routine``'s copy runs ``kvr_rows_wide``: a row routine moving at least
+    ``WIDE_MIN_BYTES`` (items x layers x item bytes, skipped items counted)."""
+    return routine in WIDE_ROUTINES and n_items * n_layers * item_bytes >= WIDE_MIN_BYTES
+
+
+def wide_launch(n_items: int, sm_count: int) -> tuple[int, int, int]:
+    """(blocks, threads per block, items per warp) of ``kvr_rows_wide``: one block of 1,024
+    threads per SM, no more blocks than the items fill (item ``i`` on warp ``i % warps``)."""
+    if n_items <= 0:
+        return 0, QUOTA_WARPS_PER_BLOCK * WARP, 0
+    blocks = max(1, min(int(sm_count), -(-n_items // QUOTA_WARPS_PER_BLOCK)))
+    return blocks, QUOTA_WARPS_PER_BLOCK * WARP, -(-n_items // (blocks * QUOTA_WARPS_PER_BLOCK))
 
 
 def stage_launch(n_pages: int, page_tokens: int, n_layers: int, item_bytes: int) -> tuple[int, int, int]:
@@ -236,6 +269,51 @@ extern "C" __global__ void __launch_bounds__(1024) kvr_rows(const Params p) {
   }
 }
 
+// One warp copies nbytes in 16-byte words, KVR_WIDE_K per lane in flight (the item's words land
+// in the order word j = step * 32 + lane); 8-byte words when the item or an address is not 16-byte
+// aligned (the item is always a multiple of 8: supports() checks it).
+__device__ __forceinline__ void warp_copy_wide(int lane, const char* s, char* d, long long nbytes) {
+  if ((((unsigned long long)s | (unsigned long long)d | (unsigned long long)nbytes) & 15ULL) != 0) {
+    warp_copy_batched<2 * KVR_WIDE_K>(lane, s, d, nbytes);
+    return;
+  }
+  const uint4* sw = reinterpret_cast<const uint4*>(s);
+  uint4* dw = reinterpret_cast<uint4*>(d);
+  const long long n = nbytes / 16;
+  for (long long base = 0; base < n; base += (long long)KVR_WIDE_K * KVR_WARP) {
+    uint4 v[KVR_WIDE_K];
+#pragma unroll
+    for (int i = 0; i < KVR_WIDE_K; ++i) {
+      const long long j = base + (long long)i * KVR_WARP + lane;
+      if (j < n) v[i] = __ldg(sw + j);
+    }
+#pragma unroll
+    for (int i = 0; i < KVR_WIDE_K; ++i) {
+      const long long j = base + (long long)i * KVR_WARP + lane;
+      if (j < n) __stcg(dw + j, v[i]);
+    }
+  }
+}
+
+// kvr_rows for copies of at least WIDE_MIN_BYTES: the same item order (item = round * warps + warp)
+// on a grid of one 1,024-thread block per SM, with warp_copy_wide.
+extern "C" __global__ void __launch_bounds__(1024) kvr_rows_wide(const Params p) {
+  KVR_WARP_PROLOGUE(p);
+  for (long long r = 0; r < p.items_per_warp; ++r) {
+    const long long item = r * warps + warp;
+    if (item >= p.n_items) break;
+    const long long si = floor_div(si_arr[item * p.index_stride], p.index_div);
+    const long long di = floor_div(di_arr[item * p.index_stride], p.index_div);
+    if (si < 0 || di < 0) continue;
+    for (long long k = 0; k < p.n_layers; ++k) {
+      const long long layer = layers[k];
+      const char* s = reinterpret_cast<const char*>(p.src) + unit_off(sl, layer, si);
+      char* d = reinterpret_cast<char*>(p.dst) + unit_off(dl, layer, di);
+      warp_copy_wide(lane, s, d, p.item_bytes);
+    }
+  }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) kvr_dsv4(const Params p) {
   KVR_WARP_PROLOGUE(p);
   const long long value_words = C4_VALUE_BYTES / 8;
@@ -318,6 +396,7 @@ def kernel_source() -> str:
         f"#define C4_PAGE_BYTES {DSV4['page_bytes']}LL",
         f"#define C4_SCALE_OFFSET {DSV4['scale_offset']}LL",
         f"#define KVR_BATCH {ROWS_BATCH_WORDS}",
+        f"#define KVR_WIDE_K {WIDE_VEC_WORDS}",
     ])
     return "// kvrace builtin copy kernels (generated by gpu_backend/providers/builtin_kernels.py)\n" \
         + consts + "\n\n" + _struct_source() + "\n" + _BODY

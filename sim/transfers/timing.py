@@ -22,6 +22,12 @@ SGLang's JIT worker shape (``LinkTiming.workers = "sglang_jit"``)
     ``i // W``.  The element is one layer's row, the largest extent of the copy.  With this
     shape a ``warp_quota`` launch (the sgl-kernel AOT shape the routines describe) runs ``W``
     items per round instead of its ``warps``; nothing else changes.
+The builtin provider's wide launch (``LinkTiming.workers = "builtin"``)
+    kvrace's builtin row kernel keeps the sgl-kernel launch shape below 16 MiB and runs copies of
+    at least ``BUILTIN_WIDE_MIN_BYTES`` on one block of 32 warps per SM (the two CTAs cannot keep
+    enough host reads in flight: ``benchmarks/bench_rows_variants.py``); the item order is the
+    same (item ``i`` on warp ``i % W``, round ``i // W``), with ``W = resident_warps``.  The link
+    parameters are the ones fitted below 16 MiB; a wide copy's rate is not fitted separately.
 Memcpy runs (``memcpy_runs``)
     One ``cudaMemcpyAsync`` per run, each starting when the previous one ends
     and taking ``memcpy_latency_us + run_bytes / gbps``; the first starts at 0.
@@ -63,9 +69,13 @@ from sim.transfers.routines import CopyPlan
 
 BYTES_PER_US_PER_GBPS = 1e3
 #: item-worker rules of a ``warp_quota`` kernel copy: the launch's own warps, or SGLang's JIT shape
-WORKER_RULES = ("launch", "sglang_jit")
+WORKER_RULES = ("launch", "sglang_jit", "builtin")
 JIT_BLOCKS = 2
 JIT_BLOCK_THREADS = 1024
+#: the builtin provider's row kernel runs copies of at least this many bytes on one 1,024-thread
+#: block per SM (gpu_backend.providers.builtin_kernels.kvr_rows_wide); below, the launch's warps
+BUILTIN_WIDE_MIN_BYTES = 16 << 20
+BUILTIN_WIDE_ROUTINES = ("kernel_per_layer", "kernel_all_layer", "dsa_indexer_per_layer")
 
 
 def sglang_jit_workers(element_bytes: int) -> int:
@@ -108,15 +118,28 @@ class LinkTiming:
         return self.gbps * BYTES_PER_US_PER_GBPS
 
 
+def builtin_runs_wide(plan: CopyPlan) -> bool:
+    """Whether the builtin provider runs ``plan`` on its wide launch: a row routine's
+    ``warp_quota`` copy of at least ``BUILTIN_WIDE_MIN_BYTES``, counted as items x the largest
+    item's bytes (an item skipped for a negative index counts as the provider's kernel counts it)."""
+    if plan.routine not in BUILTIN_WIDE_ROUTINES or plan.launch.kind != "warp_quota" or plan.n_items == 0:
+        return False
+    return plan.n_items * int(plan.extents.item_bytes().max()) >= BUILTIN_WIDE_MIN_BYTES
+
+
 def concurrency(plan: CopyPlan, timing: LinkTiming) -> int:
     """Items running at once: ``min(launch.warps, resident_warps)`` (1 for memcpy); with
     ``timing.workers == "sglang_jit"`` a ``warp_quota`` kernel runs SGLang's JIT worker count
-    for its largest extent instead of ``launch.warps``."""
+    for its largest extent instead of ``launch.warps``; with ``"builtin"`` a copy the builtin
+    provider runs wide (``builtin_runs_wide``) runs ``resident_warps`` items at once (one block of
+    32 warps per SM: the profile's ``resident_warps_per_sm`` of 32 makes that ``sm_count x 32``)."""
     if plan.launch.kind == "memcpy_runs":
         return 1
     warps = plan.launch.warps
     if timing.workers == "sglang_jit" and plan.launch.kind == "warp_quota" and len(plan.extents):
         warps = sglang_jit_workers(int(np.asarray(plan.extents.length).max()))
+    if timing.workers == "builtin" and builtin_runs_wide(plan):
+        warps = timing.resident_warps
     return max(1, min(warps, timing.resident_warps))
 
 
