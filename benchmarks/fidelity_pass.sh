@@ -4,6 +4,7 @@
 #   bash benchmarks/fidelity_pass.sh measure   # race-window scans + free sweeps measured (no prediction)
 #   bash benchmarks/fidelity_pass.sh agree     # the minimal race + the agreement test only
 #   bash benchmarks/fidelity_pass.sh verify    # GPU agreement test + free sweeps with predictions
+#   bash benchmarks/fidelity_pass.sh final     # round 3: minimal race, agreement test, provider tests, bench (+ tarball)
 # Every file it writes names its command and commit (KVRACE_COMMIT when the tree has no .git).
 set -uo pipefail
 PHASE=${1:-measure}
@@ -28,6 +29,14 @@ elif [ "$PHASE" = agree ]; then
   export KVRACE_REQUIRE_PROVIDERS=builtin,sglang KVRACE_AGREEMENT_OUT="$OUT"
   step race_sglang 40 python3 -m kvrace replay $EX --provider sglang --mode free --trials 400 --profile sim/profiles/h200-calibrated-sglang.toml --json "$OUT/race_sglang.json"
   step agreement 270 python3 -m pytest -m gpu tests/test_gpu_agreement.py -q -p no:cacheprovider -rxXs
+elif [ "$PHASE" = final ]; then
+  # round 3: everything on the final code, the race-probability results first; one tarball back
+  export KVRACE_REQUIRE_PROVIDERS=builtin,sglang KVRACE_AGREEMENT_OUT="$OUT"
+  step race_sglang 45 python3 -m kvrace replay $EX --provider sglang --mode free --trials 400 --profile sim/profiles/h200-calibrated-sglang.toml --json "$OUT/race_sglang.json"
+  step agreement 270 python3 -m pytest -m gpu tests/test_gpu_agreement.py -q -p no:cacheprovider -rxXs
+  step gpu_providers 120 python3 -m pytest -m gpu tests/test_gpu_providers.py -q -p no:cacheprovider -rs
+  step bench_providers 90 python3 benchmarks/bench_providers.py --out "$OUT/bench"
+  tar -C "$OUT" -czf "${TARBALL:-/tmp/final_round3.tgz}" .
 elif [ "$PHASE" = measure ]; then
   step spread 200 python3 -m gpu_backend.calibrate.spread --provider sglang --provider builtin --example $EX \
     --profile sim/profiles/h200-calibrated-sglang.toml --budget-s 12 --out "$OUT/spread.json" \
