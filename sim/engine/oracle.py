@@ -29,6 +29,23 @@ sessions sharing the system prompt share content as the radix cache does; a work
 tokens are not a :class:`~sim.engine.workload.TokenSource` is keyed by a hash of its ids.
 Sampling the first byte of each field per entry catches every whole-entry error (stale,
 foreign, misplaced, never written); a tear inside an entry is the race verdict's to report.
+
+**Incremental verdicts** (``incremental=True``, the default; used where the read saw the
+buffer as it stands, ``contents``: no copy into it in flight).  An entry's verdict is a pure
+function of the provenance of its sampled bytes and of the expected key: content keys are
+filed per store and never change, origins are immutable.  So the oracle remembers, per pool
+layer and device unit (page row) of a paged buffer, the key its leading entries ``0..n-1``
+were last judged right for (:meth:`KVOracle.judged`), and :meth:`KVOracle.written`, called for
+every mutation of the run's memory (``CacheSession.watch_writes``), forgets every unit a write
+or copy touched.  A read's entries of a unit whose remembered key is the one expected and
+whose remembered ``n`` covers them are right without a look; only the rest are sampled.  So
+a long context re-read turn after turn (and a chunked request's prefix, chunk after chunk) is
+checked once per store or load-back, not once per read.  A unit is remembered only when
+every sampled entry of it was right and the entries were exactly ``0..n-1`` (the request's
+entries of a page, in sequence order); anything else leaves it as it was or forgets it, so a
+remembered unit always states a verdict the full check gives.  ``incremental=False``, a read
+with a copy in flight (the views, not the buffer) and a non-paged layout take the full check
+(``tests/test_oracle_incremental.py`` compares the two read by read).
 """
 from __future__ import annotations
 
@@ -62,13 +79,25 @@ class KVOracle:
     #: sampled bytes checked at once (see check_reads)
     CHUNK_SAMPLES = 1 << 18
 
-    def __init__(self, buffers: Mapping[str, tuple], kinds: Mapping[str, str], ratios: Mapping[str, int]):
+    def __init__(self, buffers: Mapping[str, tuple], kinds: Mapping[str, str], ratios: Mapping[str, int], *,
+                 incremental: bool = True):
         self.buffers = dict(buffers)
         self.kinds = dict(kinds)
         self.ratios = dict(ratios)
+        self.incremental = bool(incremental)
         self.content: dict[tuple, int] = {}          # (kind, store, unit) -> content key id
         self._ids: dict[tuple, int] = {}             # content key -> id
+        #: entries x pool layers judged (from the bytes or from what is remembered)
         self.entries_checked = 0
+        #: entries x pool layers whose bytes were looked up (the rest were remembered right)
+        self.entries_sampled = 0
+        #: incremental check: (pool layer, page) pairs judged from one piece, and sample by sample
+        self.pairs_one_piece = 0
+        self.pairs_by_sample = 0
+        # buffer -> (key id, n) per pool layer x page: entries 0..n-1 judged right for that key
+        # since the page was last written (key -1: nothing remembered); module doc
+        self._judged: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._layout_of = {name: lay for name, lay in self.buffers.values()}
         self._table = None                           # the origin table _fields mirrors
         self._fields = tuple(np.zeros(0, np.int64) for _ in range(5))   # owner, layer, unit bytes, kind, version
         self._kinds: dict[str, int] = {}
@@ -95,6 +124,52 @@ class KVOracle:
 
     def _page_tokens(self, role: str) -> int:
         return self.buffers[role][1].entries_per_unit * self.ratios[role]
+
+    def judged(self, buffer: str) -> tuple[np.ndarray, np.ndarray]:
+        """What the oracle remembers of paged ``buffer`` (module doc): per pool layer ``l`` and
+        page ``p`` (index ``l * pages + p``), the content key id whose entries ``0..n-1`` were
+        judged right (-1: nothing) and ``n``."""
+        got = self._judged.get(buffer)
+        if got is None:
+            lay = self._layout_of[buffer]
+            n = lay.layers * lay.pages
+            got = self._judged[buffer] = (np.full(n, -1, np.int64), np.zeros(n, np.int64))
+        return got
+
+    def written(self, buffer: str, offsets, lengths) -> None:
+        """Bytes ``[offsets, offsets + lengths)`` of ``buffer`` in the run's memory have just
+        been written (a write or a copy's items applied): forget every page they touch.
+        Buffers the oracle does not check, and those it remembers nothing of, are ignored."""
+        got = self._judged.get(buffer)
+        if got is None:
+            return
+        ub = self._layout_of[buffer].page_bytes
+        o = np.asarray(offsets, np.int64).ravel()
+        n = np.asarray(lengths, np.int64).ravel()
+        keep = n > 0
+        if not keep.all():
+            o, n = o[keep], n[keep]
+        if not o.size:
+            return
+        key = got[0]
+        g0 = np.clip(o // ub, 0, key.size)
+        g1 = np.clip((o + n - 1) // ub + 1, 0, key.size)
+        span = g1 - g0
+        if not (span > 0).all():                # a copy's extent past the buffer's end writes nothing there
+            g0, g1, span = g0[span > 0], g1[span > 0], span[span > 0]
+            if not span.size:
+                return
+        if int(span.max()) == 1:
+            key[g0] = -1
+            return
+        tot = int(span.sum())
+        if tot <= key.size:
+            key[np.repeat(g0, span) + (np.arange(tot) - np.repeat(np.cumsum(span) - span, span))] = -1
+        else:
+            mark = np.zeros(key.size + 1, np.int64)
+            np.add.at(mark, g0, 1)
+            np.add.at(mark, g1, -1)
+            key[np.cumsum(mark[:-1]) > 0] = -1
 
     def record_store(self, req, store: int, entries: Mapping[str, np.ndarray], positions: Mapping[str, np.ndarray]):
         """Store ``store`` (the ``version`` of its write ops, unique per run) wrote, for
@@ -161,6 +236,8 @@ class KVOracle:
 
     def _check_group(self, info, obs_read, made_for: Mapping[int, tuple], contents) -> dict[int, np.ndarray]:
         name, lay = self.buffers[info.role]
+        if contents is not None and self.incremental and isinstance(lay, PagedLayout):
+            return self._check_incremental(info, made_for, contents)
         kind = self.kinds[name]
         r = self.ratios[info.role]
         nf = len(lay.effective_fields)
@@ -202,6 +279,7 @@ class KVOracle:
             sizes.append(len(ent))
             base += len(ent)
             self.entries_checked += len(ent) * len(info.pool_layers)
+            self.entries_sampled += len(ent) * len(info.pool_layers)
         if not rids:
             return out
         offs, in_unit, entry, pls, want = (np.concatenate(x) for x in (offs, in_unit, entry, pls, want))
@@ -238,6 +316,16 @@ class KVOracle:
 
     def _verdict(self, kind, table, offs, oid, so, in_unit, entry, pls, want, base, rids, sizes, out) -> dict:
         """The check of every sampled offset, from the origin id and stream offset of its byte."""
+        ok = self._sample_ok(kind, table, oid, so, in_unit, pls, want)
+        bad = np.zeros(base, bool)
+        bad[entry[~ok]] = True
+        for rid, a, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
+            out[rid] = bad[a:a + n]
+        return out
+
+    def _sample_ok(self, kind, table, oid, so, in_unit, pls, want) -> np.ndarray:
+        """Per sampled byte (its origin id and stream offset; where in its unit, in which pool
+        layer and for which content key it should be): is it the expected KV?"""
         og_owner, og_layer, og_ub, og_kind, og_version = self._origin_fields(table)
         owner, layer, ub = og_owner[oid], og_layer[oid], og_ub[oid]
         okind = og_kind[oid] == self._kind_code(kind)
@@ -266,8 +354,148 @@ class KVOracle:
                 triples = uniq.tolist()
             good = np.array([self.content.get((kind, a, b)) == c for a, b, c in triples], bool)
             ok[np.flatnonzero(ok)] = good[inv.ravel()]
+        return ok
+
+    def _check_incremental(self, info, made_for: Mapping[int, tuple], contents) -> dict[int, np.ndarray]:
+        """:meth:`_check_group` for a paged buffer as it stands (``contents``): only the
+        (pool layer, page) pairs not remembered right for the expected key are judged (module
+        doc), then the pairs found right are remembered.
+
+        A pair whose sampled bytes all lie in ONE piece of the buffer's provenance (a page
+        written by one store or one page copy) is judged once: in a piece, a byte at ``x`` has
+        stream offset ``x + delta``, so with the origin's unit as long as the page every
+        sample's place in its source unit equals its place in the page exactly when
+        ``page start + delta`` is a multiple of the page (then every sample's source unit is
+        ``(page start + delta) // page bytes``); owner, kind and layer are the piece's.  So
+        each sample's check gives the pair's one verdict.  Other pairs are checked sample by
+        sample (:meth:`_sample_ok`)."""
+        name, lay = self.buffers[info.role]
+        kind = self.kinds[name]
+        r = self.ratios[info.role]
+        epu, ub, lb = lay.entries_per_page, lay.page_bytes, np.int64(lay.layer_bytes)
+        fs = lay.effective_fields
+        f_off = np.array([f.offset for f in fs], np.int64)
+        f_len = np.array([f.entry_bytes for f in fs], np.int64)
+        jk, jn = self.judged(name)
+        layers = np.asarray(info.pool_layers, np.int64)
+        out: dict[int, np.ndarray] = {}
+        rids, sizes, parts = [], [], []
+        base = 0
+        for rid, (req, n_ctx) in made_for.items():
+            if rid not in info.entries:
+                continue
+            ent = np.asarray(info.entries[rid], np.int64)
+            ne = len(ent)
+            if not ne:
+                out[rid] = np.zeros(0, bool)
+                continue
+            self.entries_checked += ne * len(layers)
+            w = self.expected(req, info.role, np.arange(ne, dtype=np.int64) * r + (r - 1), n_ctx)
+            u, i = np.divmod(ent, epu)
+            # runs of entries with one page and one expected key (a request's entries of a page
+            # are consecutive, in sequence order)
+            new = np.empty(ne, bool)
+            new[0] = True
+            np.not_equal(u[1:], u[:-1], out=new[1:])
+            new[1:] |= w[1:] != w[:-1]
+            st = np.flatnonzero(new)
+            cnt = np.diff(np.append(st, ne))
+            rmin, rmax = np.minimum.reduceat(i, st), np.maximum.reduceat(i, st)
+            # the run's entries are exactly 0..cnt-1 of its page: only then can it be remembered
+            run_of = np.cumsum(new) - 1
+            leading = np.minimum.reduceat((i == np.arange(ne) - st[run_of]).view(np.int8), st).astype(bool)
+            ru, rw = u[st], w[st]
+            g = layers[:, None] * lay.pages + ru[None, :]                 # (pool layers, runs)
+            ml, mr = np.nonzero(~((jk[g] == rw[None, :]) & (jn[g] > rmax[None, :])))
+            if ml.size:
+                self.entries_sampled += int(cnt[mr].sum())
+                parts.append((g[ml, mr], layers[ml], ru[mr], rw[mr], rmin[mr], rmax[mr], base + st[mr], cnt[mr],
+                               leading[mr], ent, u, w, base))
+            rids.append(rid)
+            sizes.append(ne)
+            base += ne
+        if not rids:
+            return out
         bad = np.zeros(base, bool)
-        bad[entry[~ok]] = True
-        for rid, a, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
-            out[rid] = bad[a:a + n]
+        if parts:
+            pg, ppl, ppage, pkey, pmin, pmax, pst, pcnt, plead = (np.concatenate([x[k] for x in parts])
+                                                                  for k in range(9))
+            page0 = ppl * lb + ppage * ub
+            lo = page0 + (f_off[None, :] + pmin[:, None] * f_len[None, :]).min(axis=1)
+            hi = page0 + (f_off[None, :] + pmax[:, None] * f_len[None, :]).max(axis=1)
+            p = contents.pieces(int(lo.min()), int(hi.max()) + 1 - int(lo.min()))
+            p_start, p_oid, p_so = np.asarray(p.start), np.asarray(p.origin_id), np.asarray(p.stream_offset)
+            k = np.searchsorted(p_start, lo, side="right") - 1
+            og_owner, og_layer, og_ub, og_kind, og_version = self._origin_fields(contents.table)
+            oid = p_oid[k]
+            one = (k == np.searchsorted(p_start, hi, side="right") - 1) & (og_ub[oid] == ub)
+            right = np.zeros(pg.size, bool)
+            n_one = int(one.sum())
+            self.pairs_one_piece += n_one
+            self.pairs_by_sample += pg.size - n_one
+            # one piece: the pair's one verdict
+            a = np.flatnonzero(one)
+            if a.size:
+                o1 = oid[a]
+                src0 = page0[a] + p_so[k[a]] - p_start[k[a]]
+                ok = (og_owner[o1] >= 0) & (og_kind[o1] == self._kind_code(kind)) & (og_layer[o1] == ppl[a]) \
+                    & (src0 % ub == 0)
+                trip = np.stack([og_version[o1], src0 // ub, pkey[a]], axis=1)[ok]
+                if trip.size:
+                    uniq, inv = np.unique(trip, axis=0, return_inverse=True)
+                    good = np.array([self.content.get((kind, x, y)) == z for x, y, z in uniq.tolist()], bool)
+                    ok[np.flatnonzero(ok)] = good[inv.ravel()]
+                right[a] = ok
+                wrong = a[~ok]
+                if wrong.size:
+                    c = pcnt[wrong]
+                    bad[np.repeat(pst[wrong], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))] = True
+            # several pieces (or another unit size): sample by sample
+            b = np.flatnonzero(~one)
+            if b.size:
+                right[b] = self._pairs_by_sample(kind, lay, contents, parts, b, bad)
+            # remember the pairs found right (their entries 0..n-1), forget those found wrong
+            keep = right & plead
+            if keep.any():
+                gk, first = np.unique(pg[keep], return_index=True)
+                jk[gk] = pkey[keep][first]
+                jn[gk] = pcnt[keep][first]
+            if not right.all():
+                jk[pg[~right]] = -1
+        for rid, a_, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
+            out[rid] = bad[a_:a_ + n]
         return out
+
+    def _pairs_by_sample(self, kind, lay, contents, parts, sel: np.ndarray, bad: np.ndarray) -> np.ndarray:
+        """Judge pairs ``sel`` (indices into the concatenated pairs of ``parts``, see
+        :meth:`_check_incremental`) sample by sample, marking their wrong entries in ``bad``;
+        returns whether each pair was right."""
+        nf, lb = len(lay.effective_fields), np.int64(lay.layer_bytes)
+        offs, in_unit, entry, pls, want, lens = [], [], [], [], [], []
+        first = 0
+        for _, ppl, _, _, _, _, pst, pcnt, _, ent, u, w, base in parts:
+            n = len(pst)
+            m = sel[(sel >= first) & (sel < first + n)] - first
+            first += n
+            if not m.size:
+                continue
+            c = pcnt[m]
+            tot = int(c.sum())
+            e_idx = np.repeat(pst[m] - base, c) + (np.arange(tot) - np.repeat(np.cumsum(c) - c, c))
+            pl_e = np.repeat(ppl[m], c)
+            o, _ = lay.token_extents(0, ent[e_idx])                          # (entries, fields)
+            in_unit.append((o - lay.unit_offsets(0, u[e_idx])[:, None]).ravel())
+            offs.append((o + (pl_e * lb)[:, None]).ravel())
+            entry.append(np.repeat(base + e_idx, nf))
+            pls.append(np.repeat(pl_e, nf))
+            want.append(np.repeat(w[e_idx], nf))
+            lens.append(c * nf)
+        offs, in_unit, entry, pls, want, lens = (np.concatenate(x) for x in (offs, in_unit, entry, pls, want, lens))
+        lo, hi = int(offs.min()), int(offs.max()) + 1
+        p = contents.pieces(lo, hi - lo)
+        k = np.searchsorted(p.start, offs, side="right") - 1
+        oid = np.asarray(p.origin_id)[k]
+        so = np.asarray(p.stream_offset)[k] + offs - np.asarray(p.start)[k]
+        ok = self._sample_ok(kind, contents.table, oid, so, in_unit, pls, want)
+        bad[entry[~ok]] = True
+        return np.logical_and.reduceat(ok, np.cumsum(lens) - lens)
