@@ -277,6 +277,17 @@ class Memory:
         return View(self.compact[name].slice(offset, nbytes),
                     None if self.material is None else self.material[name].slice(offset, nbytes), offset)
 
+    def views(self, name: str, offsets, lengths) -> list["View"]:
+        """``[self.view(name, o, n) for o, n in zip(offsets, lengths)]`` (a read's views, one
+        per extent), the compact slices looked up together (``CompactBuffer.slices``)."""
+        offs = offsets.tolist() if isinstance(offsets, np.ndarray) else [int(x) for x in offsets]
+        lens = lengths.tolist() if isinstance(lengths, np.ndarray) else [int(x) for x in lengths]
+        compact = self.compact[name].slices(offs, lens)
+        if self.material is None:
+            return [View(c, None, o) for c, o in zip(compact, offs)]
+        mat = self.material[name]
+        return [View(c, mat.slice(o, n), o) for c, o, n in zip(compact, offs, lens)]
+
     def overlay(self, view: "View", src: str, s, d, n) -> None:
         """Copy src bytes into a view (d are absolute destination offsets)."""
         d = np.asarray(d, np.int64) - view.offset

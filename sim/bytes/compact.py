@@ -499,6 +499,86 @@ def _window_write(st, oid, soff, end: int, ns, ne, noid, nsoff):
             np.concatenate([soff[:a], pf, soff[b:]]))
 
 
+#: writes of at most this many pieces take ``_window_write_few`` (plain Python over the
+#: pieces; the general path's numpy calls cost more than its work below this)
+FEW_PIECES = 32
+
+
+def _window_write_few(st, oid, soff, end: int, ns: list, ne: list, noid: list, nsoff: list):
+    """``_window_write`` for a few pieces (lists), when the window is coalesced (the
+    buffer's invariant): the window's rows a piece does not cover are kept as slices of
+    the old arrays, and only the joints next to a new row (a piece, or the old contents
+    resuming after one) are coalesced.  O(k log S) searches, O(k) Python and one
+    concatenation per array, where the general path makes O(S) work in about 40 numpy calls."""
+    S, k = len(st), len(ns)
+    pos = st.searchsorted(np.array(ns + ne, _I64), side="right").tolist()
+    A = [p - 1 for p in pos[:k]]                 # the segment holding each piece's start
+    K = [p - 1 for p in pos[k:]]                 # the last segment starting at or before its end
+    need = sorted({0, S - 1, *A, *K, *[a - 1 for a in A if a], *[x + 1 for x in K if x + 1 < S]})
+    ix = np.array(need, _I64)
+    at = dict(zip(need, zip(st[ix].tolist(), oid[ix].tolist(), soff[ix].tolist())))
+    rows: list = []             # new rows kept (start, origin id, stream offset)
+    parts: list = []            # [old lo, old hi] or [None, first new row, last new row + 1]
+    last = None                 # the last row of the output so far
+
+    def old(lo: int, hi: int) -> None:
+        nonlocal last
+        if hi <= lo:
+            return
+        s0, o0, f0 = at[lo]
+        if last is not None and o0 == last[1] and f0 == last[2] + (s0 - last[0]):
+            lo += 1                             # continues the row before it
+        if hi > lo:
+            parts.append([lo, hi])
+            last = at[hi - 1]
+
+    def new(row: tuple) -> None:
+        nonlocal last
+        if last is not None and row[1] == last[1] and row[2] == last[2] + (row[0] - last[0]):
+            return
+        if parts and parts[-1][0] is None:
+            parts[-1][2] += 1
+        else:
+            parts.append([None, len(rows), len(rows) + 1])
+        rows.append(row)
+        last = row
+
+    prev = 0
+    for p in range(k):
+        a, q = A[p], ne[p]
+        old(prev, a + 1 if at[a][0] < ns[p] else a)
+        new((ns[p], noid[p], nsoff[p]))
+        sk, ok_, fk = at[K[p]]
+        if q < end and (p + 1 == k or ns[p + 1] != q) and sk != q:
+            new((q, ok_, fk + q - sk))          # the old contents resume after the piece
+        prev = K[p] if sk == q else K[p] + 1
+    old(prev, S)
+    new_rows = np.array(rows, _I64).reshape(-1, 3)
+    return tuple(np.concatenate([arr[q[0]:q[1]] if q[0] is not None else new_rows[q[1]:q[2], col]
+                                 for q in parts])
+                 for col, arr in enumerate((st, oid, soff)))
+
+
+def _few_valid_extents(dst, lengths, soff, nbytes: int) -> bool | None:
+    """For int64 1-D arrays of one size, at most ``FEW_PIECES``: None unless every extent is
+    non-empty and in bounds (``0 <= dst <= nbytes - length``, ``0 <= soff <= int64 max -
+    length``: then ``extents`` would return them unchanged); else whether they are sorted
+    and disjoint."""
+    if not (type(dst) is np.ndarray and type(lengths) is np.ndarray and type(soff) is np.ndarray):
+        return None
+    n = lengths.size
+    if not (0 < n <= FEW_PIECES and lengths.shape == dst.shape == soff.shape == (n,)
+            and lengths.dtype == dst.dtype == soff.dtype == _I64):
+        return None
+    L, D, F = lengths.tolist(), dst.tolist(), soff.tolist()
+    if min(L) <= 0 or min(D) < 0 or min(F) < 0:
+        return None
+    for d, ln, f in zip(D, L, F):
+        if d > nbytes - ln or f > _I64_MAX - ln:
+            return None
+    return all(D[i] + L[i] <= D[i + 1] for i in range(n - 1))
+
+
 class CompactBuffer:
     """A buffer of ``nbytes`` bytes whose contents are kept as provenance.
 
@@ -691,6 +771,63 @@ class CompactBuffer:
         return CompactBuffer._from_segments(nbytes, self.table, p.start - int(offset),
                                             p.origin_id, p.stream_offset)
 
+    #: ``slices`` of fewer ranges slice them one at a time
+    SLICES_MIN = 4
+
+    def slices(self, offsets, lengths) -> list:
+        """``[self.slice(o, n) for o, n in zip(offsets, lengths)]`` (a read's views): the
+        ranges that lie in one block and a few segments (what ``slice`` makes a small view
+        of) are looked up together, two ``searchsorted`` per block instead of per range."""
+        offs = offsets.tolist() if isinstance(offsets, np.ndarray) else [int(x) for x in offsets]
+        lens = lengths.tolist() if isinstance(lengths, np.ndarray) else [int(x) for x in lengths]
+        n = len(offs)
+        if n != len(lens):
+            raise InputError("lengths", f"expected one length per offset ({n}), got {len(lens)}")
+        out: list = [None] * n
+        if n >= self.SLICES_MIN and self._bs:
+            O, L = np.array(offs, _I64), np.array(lens, _I64)
+            H = O + L
+            ok = (L > 0) & (O >= 0) & (H <= self.nbytes)
+            if len(self._first) == 1:
+                blk = np.zeros(n, _I64)
+            else:
+                blk = self._first.searchsorted(O, "right") - 1
+                ok &= H <= np.append(self._first[1:], self.nbytes)[blk]
+            small = min(8, self.SMALL_RUNS)          # what _pieces_small and slice keep small
+            for kb in np.unique(blk[ok]).tolist():
+                sel = np.flatnonzero(ok & (blk == kb))
+                st, oid, soff = self._bs[kb], self._bo[kb], self._bf[kb]
+                lo = O[sel]
+                i0 = st.searchsorted(lo, "right") - 1
+                c = st.searchsorted(H[sel], "left") - i0
+                few = c <= small
+                sel, lo, i0, c = sel[few], lo[few], i0[few], c[few]
+                row = np.repeat(np.arange(sel.size), c)
+                seg = i0[row] + _ranks(c)
+                s_seg = st[seg]
+                a = np.maximum(s_seg, lo[row])
+                rel, po, pf = (a - lo[row]).tolist(), oid[seg].tolist(), (soff[seg] + (a - s_seg)).tolist()
+                p = 0
+                table = self.table
+                for j, cnt in zip(sel.tolist(), c.tolist()):
+                    if cnt == 1:
+                        o, f = po[p], pf[p]
+                        out[j] = _SmallView(lens[j], table, [0], [o], [f], [(0, o, f)])
+                    else:
+                        ps, oo, ff = rel[p:p + cnt], po[p:p + cnt], pf[p:p + cnt]
+                        runs, last = [], None
+                        for x, o, f in zip(ps, oo, ff):
+                            if last is not None and o == last[1] and f == last[2] + (x - last[0]):
+                                continue
+                            last = (x, o, f)
+                            runs.append(last)
+                        out[j] = _SmallView(lens[j], table, ps, oo, ff, runs)
+                    p += cnt
+        for j in range(n):
+            if out[j] is None:
+                out[j] = self.slice(offs[j], lens[j])
+        return out
+
     def materialise(self, offset: int = 0, nbytes: int | None = None) -> np.ndarray:
         offset, nbytes = self._range(offset, nbytes, "materialise")
         out = np.empty(nbytes, dtype=np.uint8)
@@ -755,6 +892,13 @@ class CompactBuffer:
             if n and not self._write_small([d], [d + n], [self.table.intern(origin)], [s]):
                 self._write(np.array([d], _I64), np.array([d + n], _I64),
                             np.array([self.table.intern(origin)], _I64), np.array([s], _I64))
+            return
+        few = _few_valid_extents(dst_offsets, lengths, stream_offsets, self.nbytes)
+        if few is not None:
+            # NOTE: what extents() would return (nothing dropped, nothing out of bounds),
+            # checked in plain Python: its dozen numpy calls cost more than a few extents' work
+            self._write(dst_offsets, dst_offsets + lengths, np.full(len(lengths), self.table.intern(origin), _I64),
+                        stream_offsets, ordered=few)
             return
         lens, dst, soff = extents("fill", lengths, ("dst_offsets", dst_offsets, self.nbytes),
                                   ("stream_offsets", stream_offsets, np.iinfo(_I64).max))
@@ -896,16 +1040,22 @@ class CompactBuffer:
             self._runs = None
         return True
 
-    def _write(self, ns, ne, noid, nsoff) -> None:
-        """Write new pieces (in priority order; non-empty, in bounds)."""
-        order = disjoint_in_order(ns, ne)
-        if order is None:
-            ps, pe, owner = resolve_later_wins(ns, ne)
-            ns, ne, noid, nsoff = ps, pe, noid[owner], nsoff[owner] + (ps - ns[owner])
-        elif not (order[1:] > order[:-1]).all():
-            ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
+    def _write(self, ns, ne, noid, nsoff, ordered: bool = False) -> None:
+        """Write new pieces (in priority order; non-empty, in bounds; ``ordered``: known to
+        be sorted and disjoint)."""
+        if not ordered:
+            order = disjoint_in_order(ns, ne)
+            if order is None:
+                ps, pe, owner = resolve_later_wins(ns, ne)
+                ns, ne, noid, nsoff = ps, pe, noid[owner], nsoff[owner] + (ps - ns[owner])
+            elif not (order[1:] > order[:-1]).all():
+                ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
         k0, k1, st, oid, soff, end = self._span(int(ns[0]), int(ne[-1]), pad=True)
-        self._replace(k0, k1, *_window_write(st, oid, soff, end, ns, ne, noid, nsoff))
+        if len(ns) <= FEW_PIECES:
+            self._replace(k0, k1, *_window_write_few(st, oid, soff, end, ns.tolist(), ne.tolist(),
+                                                     noid.tolist(), nsoff.tolist()))
+        else:
+            self._replace(k0, k1, *_window_write(st, oid, soff, end, ns, ne, noid, nsoff))
 
 
 class _SmallView(CompactBuffer):
