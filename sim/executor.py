@@ -667,8 +667,10 @@ class Executor:
         else:
             b = self.builder.finish()
             s, digest = b.schedule(), b.digest()
-        if self.online is not None and digest is None:
-            digest = s.digest()
+        if self.online is not None:
+            self.online.finish()
+            if digest is None:
+                digest = s.digest()
         return RunResult(s, self.p, self.mem, self.reads, self.timings, self.tie_orders,
                          self.oob, self.env.now, self.item_end_us, self.access_us,
                          self.access_seq, self.torn, list(s.unbound), kept=self.keep, online=self.online,

@@ -30,6 +30,7 @@ Nothing here clips: :func:`check_bounds` reports extents that leave a buffer.
 """
 from __future__ import annotations
 
+import itertools
 import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -613,9 +614,45 @@ def _arg_key(v):
     t = type(v)
     if t is int or t is float or t is str or v is None:
         return (t, v)
-    if (t is list or t is tuple) and len(v) <= PLAN_CACHE_MAX_INDICES and all(type(x) is int for x in v):
-        return (t, tuple(v))
+    if (t is list or t is tuple) and len(v) <= PLAN_CACHE_MAX_INDICES:
+        # NOTE: a set of the element types (one int list: {int}) instead of a generator per value
+        if not v or set(map(type, v)) == _INT_TYPE:
+            return (t, tuple(v))
     return None
+
+
+_INT_TYPE = {int}
+
+
+#: layout -> its token (one int per layout value), and id(layout) -> (layout, token)
+_layout_tokens: dict = {}
+_layout_ids: dict = {}
+_next_token = itertools.count()
+
+
+def _layout_token(layout):
+    """An int that stands for ``layout``'s value in plan keys (equal layouts, equal tokens),
+    or None for an unhashable layout.
+
+    NOTE: found by the layout object's id first (the entry holds the layout, so its id is
+    not reused while the entry lives): hashing a layout hashes every field, on every call,
+    and a cache hit then compared the layouts field by field.  Tokens are never reused, so
+    forgetting them (both maps are cleared when full) only costs misses."""
+    got = _layout_ids.get(id(layout))
+    if got is not None and got[0] is layout:
+        return got[1]
+    try:
+        tok = _layout_tokens.get(layout)
+        if tok is None:
+            if len(_layout_tokens) >= PLAN_CACHE_SIZE:
+                _layout_tokens.clear()
+            tok = _layout_tokens[layout] = next(_next_token)
+    except TypeError:          # a layout with an unhashable field: plan afresh
+        return None
+    if len(_layout_ids) >= PLAN_CACHE_SIZE:
+        _layout_ids.clear()
+    _layout_ids[id(layout)] = (layout, tok)
+    return tok
 
 
 def _plan_key(routine, src_layout, dst_layout, args):
@@ -628,12 +665,11 @@ def _plan_key(routine, src_layout, dst_layout, args):
             return None
         items.append((k, kv))
     items.sort()
-    key = (routine, src_layout, dst_layout, tuple(items))
-    try:
-        hash(key)
-    except TypeError:          # a layout with an unhashable field: plan afresh
+    ts, td = _layout_token(src_layout), _layout_token(dst_layout)
+    if ts is None or td is None:
         return None
-    return key
+    # NOTE: every part is an int, str, float, None or a tuple of those: always hashable
+    return (routine, ts, td, tuple(items))
 
 
 def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -> CopyPlan:

@@ -1,0 +1,244 @@
+"""The fourth round of the static run's speed work (issue 7, item 5), each fast path checked
+against the path it replaces:
+
+* ``StaticRaceTracker``: live accesses dropped per buffer (the streams that still access a
+  buffer are known up front) instead of by one floor for every buffer, which never drops
+  anything when devices are independent;
+* a static schedule's verdicts taken on demand (when a read is captured, and at the end),
+  not as ops are issued;
+* copy-plan cache keys with one token per layout value (``routines._layout_token``)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sim.transfers.routines as routines
+import sim.verdicts as verdicts
+from sim.executor import run_schedule
+from sim.hb import RaceTracker
+from sim.schedule import validate
+from sim.verdicts import OnlineVerdicts, StaticRaceTracker, analyse
+from tests.helpers import profile
+from tests.strategies import rich_schedules, schedules
+
+P = profile(jitter_frac=0.1)
+SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+any_schedule = st.one_of(rich_schedules(max_ops=16), schedules(max_ops=16))
+
+
+def _global_floor_tracker(clocks, limit, ops, describe=None):
+    """The tracker a static run used before: ``RaceTracker`` with one floor for all buffers."""
+    return RaceTracker(clocks, limit, describe=describe)
+
+
+def _report(s, seed, race_limit=None):
+    run = run_schedule(s, P, keep="report", seed=seed, race_limit=race_limit)
+    return run, analyse(run, race_limit=race_limit)
+
+
+@SETTINGS
+@given(any_schedule, st.integers(0, 3), st.sampled_from([None, 1, 3]))
+def test_static_race_tracker_finds_what_the_global_floor_finds(doc, seed, limit):
+    """Pruned per buffer after every op: the same report (races found, counted, listed, in
+    the same order) as the tracker with one floor for all buffers."""
+    s = validate(doc)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verdicts, "StaticRaceTracker", _global_floor_tracker)
+        _, old = _report(s, seed, limit)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StaticRaceTracker, "PRUNE_EVERY", 1)
+        run, new = _report(s, seed, limit)
+    assert isinstance(run.online.races, StaticRaceTracker)
+    assert new == old
+
+
+def _devices_doc(devices: int, requests: int, gated: bool = False) -> dict:
+    """Independent devices, each loading one page a request on its load stream and reading
+    it on its forward stream; ``gated``: each read waits for its load and each load for the
+    read before it (no race), else the reads race the loads."""
+    buffers, streams, events, ops = [], [], [], []
+    for d in range(devices):
+        buffers += [{"name": f"h{d}", "location": "host", "kind": "kv",
+                     "layout": {"kind": "host", "layout": "layer_first", "layers": 2, "units": 8, "unit_bytes": 256}},
+                    {"name": f"g{d}", "location": "device", "device": d, "kind": "kv",
+                     "layout": {"kind": "paged", "layers": 2, "pages": 4, "page_bytes": 256}}]
+        streams += [{"name": f"load{d}", "device": d}, {"name": f"fwd{d}", "device": d}]
+        events += [f"e{d}", f"f{d}"]
+    for r in range(requests):
+        for d in range(devices):
+            page = r % 4
+            if gated and r:      # the load waits for the last read too (no write-after-read race)
+                ops.append({"id": f"wf{d}_{r}", "op": "wait", "stream": f"load{d}", "event": f"f{d}"})
+            ops.append({"id": f"c{d}_{r}", "op": "copy", "stream": f"load{d}", "routine": "kernel_per_layer",
+                        "src": f"h{d}", "dst": f"g{d}",
+                        "args": {"layer": r % 2, "src_indices": [r % 8], "dst_indices": [page]}})
+            ops.append({"id": f"rec{d}_{r}", "op": "record", "stream": f"load{d}", "event": f"e{d}"})
+            if gated:
+                ops.append({"id": f"w{d}_{r}", "op": "wait", "stream": f"fwd{d}", "event": f"e{d}"})
+            ops.append({"id": f"r{d}_{r}", "op": "read", "stream": f"fwd{d}", "buffer": f"g{d}", "layer": r % 2,
+                        "units": [page]})
+            if gated:
+                ops.append({"id": f"rf{d}_{r}", "op": "record", "stream": f"fwd{d}", "event": f"f{d}"})
+    return {"kvrace_schedule": 2, "name": "devices", "buffers": buffers, "streams": streams, "events": events,
+            "ops": ops}
+
+
+def test_live_accesses_follow_live_state_with_independent_devices():
+    """Four independent devices, reads gated on the loads: one floor for all buffers keeps
+    every access (a later op of one device is not ordered after anything of another); a
+    floor per buffer keeps the live ones only.  Same report either way."""
+    s = validate(_devices_doc(4, 100, gated=True))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verdicts, "StaticRaceTracker", _global_floor_tracker)
+        mp.setattr(RaceTracker, "PRUNE_EVERY", 64)
+        old_run, old = _report(s, 0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StaticRaceTracker, "PRUNE_EVERY", 64)
+        new_run, new = _report(s, 0)
+    assert new == old and new["latent_races_total"] == 0
+    accesses = sum(2 if op.op == "copy" else 1 for op in s.ops if op.op in ("copy", "read"))
+    assert accesses == 1200 and old_run.online.races.live_accesses() == accesses   # nothing dropped
+    # at most the accesses added since the last prune, and the few live at it
+    assert new_run.online.races.live_accesses() < 64 * 2 + 16
+
+
+def test_ungated_reads_keep_racing_with_a_floor_per_buffer():
+    """Ungated reads race every load of their page (before or after them): all found."""
+    requests, devices = 40, 3
+    s = validate(_devices_doc(devices, requests))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verdicts, "StaticRaceTracker", _global_floor_tracker)
+        _, old = _report(s, 0)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StaticRaceTracker, "PRUNE_EVERY", 1)
+        _, new = _report(s, 0)
+    # per device, the 4 (layer, page) classes each pair every load with every read
+    assert new == old and new["latent_races_total"] == devices * 4 * (requests // 4) ** 2
+
+
+def test_a_buffer_no_later_op_accesses_keeps_nothing():
+    """After the last access of a buffer nothing of it can race: a prune drops it all."""
+    s = validate(_devices_doc(2, 3))
+    run = run_schedule(s, P, keep="report")
+    races = run.online.races
+    races.prune()
+    assert races.live_accesses() == 0 and not races._accs
+
+
+def _take_at_issue(self, op, clipped=None):
+    """``OnlineVerdicts.issued`` before: a static schedule's ops taken as they are issued."""
+    if self._ops is None:
+        self._take(op, clipped)
+        return
+    while self._next <= op.index:
+        o = self._ops[self._next]
+        self._take(o, clipped if o is op else None)
+        self._next += 1
+
+
+@SETTINGS
+@given(any_schedule, st.integers(0, 3))
+def test_taken_on_demand_equals_taken_at_issue(doc, seed):
+    """A static schedule's ops taken when a read needs them and at the end: the same report,
+    the same reads handed to ``on_read`` in the same order, every op taken."""
+    s = validate(doc)
+
+    def run(mp):
+        seen = []
+        orig = OnlineVerdicts.__init__
+
+        def init(self, *a, **kw):
+            orig(self, *a, **kw)
+            self.on_read(lambda cap, views, entry: seen.append((entry, [v.offset for v in views])))
+        mp.setattr(OnlineVerdicts, "__init__", init)
+        r = run_schedule(s, P, keep="report", seed=seed)
+        return r, analyse(r), seen
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(OnlineVerdicts, "issued", _take_at_issue)
+        _, old, old_seen = run(mp)
+    with pytest.MonkeyPatch.context() as mp:
+        r, new, new_seen = run(mp)
+    assert new == old and new_seen == old_seen
+    assert r.online.taken == len(s.ops) == r.n_ops and not r.online._expected
+
+
+def test_reads_expected_views_are_made_when_needed():
+    """Taken on demand, the expected views held at once are the reads captured out of list
+    order only (taken at issue, a static schedule held every read's from time 0)."""
+    s = validate(_devices_doc(2, 50, gated=True))
+    held = []
+    orig = OnlineVerdicts.captured
+
+    def captured(self, r):
+        held.append(len(self._expected))
+        orig(self, r)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(OnlineVerdicts, "captured", captured)
+        run_schedule(s, P, keep="report")
+    assert len(held) == 100 and max(held) <= 2 * 2      # a few per device, not 100
+
+
+# ---- copy-plan cache keys
+
+def _layouts():
+    s = validate({"kvrace_schedule": 2, "name": "l", "streams": ["s"], "events": [], "ops": [], "buffers": [
+        {"name": "h", "location": "host", "kind": "kv",
+         "layout": {"kind": "host", "layout": "layer_first", "layers": 2, "units": 8, "unit_bytes": 64}},
+        {"name": "h2", "location": "host", "kind": "kv",
+         "layout": {"kind": "host", "layout": "layer_first", "layers": 2, "units": 8, "unit_bytes": 64}},
+        {"name": "g", "location": "device", "kind": "kv",
+         "layout": {"kind": "paged", "layers": 2, "pages": 4, "page_bytes": 64}}]})
+    return s.buffers["h"].layout, s.buffers["h2"].layout, s.buffers["g"].layout
+
+
+def test_layout_tokens_follow_layout_values():
+    h, h2, g = _layouts()
+    assert h is not h2 and h == h2
+    assert routines._layout_token(h) == routines._layout_token(h2) != routines._layout_token(g)
+    args = {"layer": 1, "src_indices": [1, 2], "dst_indices": [3, 4]}
+    # equal layouts share one cached plan; the key tells unequal ones apart
+    assert routines._plan_key("kernel_per_layer", h, g, args) == routines._plan_key("kernel_per_layer", h2, g, args)
+    assert routines._plan_key("kernel_per_layer", h, g, args) != routines._plan_key("kernel_per_layer", g, h, args)
+    assert routines.plan("kernel_per_layer", h, g, args) is routines.plan("kernel_per_layer", h2, g, dict(args))
+
+
+def test_forgotten_tokens_are_never_reused(monkeypatch):
+    """Maps cleared when full: a layout seen again gets a new token, never another value's."""
+    h, _, g = _layouts()
+    monkeypatch.setattr(routines, "PLAN_CACHE_SIZE", 1)
+    monkeypatch.setattr(routines, "_layout_tokens", {})
+    monkeypatch.setattr(routines, "_layout_ids", {})
+    th = routines._layout_token(h)
+    tg = routines._layout_token(g)                 # clears both maps first
+    th2 = routines._layout_token(h)                # forgotten: a new token
+    assert len({th, tg, th2}) == 3
+    args = {"layer": 0, "src_indices": [5], "dst_indices": [6]}
+    fresh = routines._plan("kernel_per_layer", g, h, args, "")
+    for _ in range(3):
+        got = routines.plan("kernel_per_layer", g, h, args)
+        assert (got.extents.src.tolist(), got.extents.dst.tolist()) == (fresh.extents.src.tolist(),
+                                                                         fresh.extents.dst.tolist())
+
+
+def test_an_unhashable_layout_is_planned_afresh():
+    h, _, g = _layouts()
+    odd = dataclasses.replace(g)
+    object.__setattr__(odd, "layers", [2])            # an unhashable field
+    with pytest.raises(TypeError):
+        hash(odd)
+    assert routines._layout_token(odd) is None
+    assert routines._plan_key("kernel_per_layer", h, odd, {"layer": 0, "src_indices": [1],
+                                                           "dst_indices": [1]}) is None
+
+
+@pytest.mark.parametrize("value", [[1, True], [1.0], (1, 2), [], ["1"], [1] * (routines.PLAN_CACHE_MAX_INDICES + 1)])
+def test_arg_key_types_as_before(value):
+    """``_arg_key`` of index lists: the replaced ``all(type(x) is int ...)`` test."""
+    t = type(value)
+    before = (t, tuple(value)) if (t is list or t is tuple) and len(value) <= routines.PLAN_CACHE_MAX_INDICES \
+        and all(type(x) is int for x in value) else None
+    assert routines._arg_key(value) == before
