@@ -62,7 +62,11 @@ def _one(scenario: str, sets: list[str], duration: float, keep: str, every: int,
            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
            "ops": e.session.finish().n_ops, "requests": r.requests_total, "batches": r.batches,
            "forwards_one_step": r.forwards_one_step, "reads": r.reads_total, "samples": samples,
-           "requests_corrupted": r.requests_corrupted, "load_backs": r.load_backs, "layers": r.layers})
+           "requests_corrupted": r.requests_corrupted, "load_backs": r.load_backs, "layers": r.layers,
+           # the KV oracle: entries x pool layers judged, and those looked up in the bytes (the
+           # incremental oracle's; absent in trees before it)
+           "oracle_entries": r.oracle_entries, "oracle_sampled": getattr(e.oracle, "entries_sampled", None),
+           "signature": r.signature()})
 
 
 def main(argv=None) -> int:
@@ -88,7 +92,8 @@ def main(argv=None) -> int:
         print(f"{a.scenario} {' '.join(a.set)} keep={a.keep} sim {row['sim_time_s']:.2f} s: wall {row['wall_s']:.1f} s, "
               f"CPU {row['cpu_s']:.1f} s ({row['sim_per_cpu']:.3f} x real time per CPU s), peak RSS {row['peak_rss_mib']:.0f} MiB, "
               f"{row['ops']} ops, {row['requests']} requests ({row['requests_corrupted']} corrupted), "
-              f"{row['load_backs']} load-backs", flush=True)
+              f"{row['load_backs']} load-backs, oracle {row['oracle_entries']} entries "
+              f"({row['oracle_sampled']} looked up)", flush=True)
     if a.json:
         from provenance import command, git_commit     # benchmarks/, the script's own folder
 

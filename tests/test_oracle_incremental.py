@@ -82,6 +82,7 @@ def test_incremental_oracle_equals_the_full_check_deep(name, sets, seed):
     assert r.signature() == full_result(name, sets, seed).signature()
 
 
+@pytest.mark.slow
 def test_sample_by_sample_pairs_are_exercised():
     """``incident-repro`` has pages whose sampled bytes span several pieces (partial pages
     written by two stores): those pairs go sample by sample and still agree."""
@@ -142,3 +143,77 @@ def test_session_write_watcher_sees_writes_and_copies():
     copied = seen[2:]
     assert {b for b, _, _ in copied} == {"host_kv_buffer"}
     assert sum(len(o) for _, o, _ in copied) == 16 and {n for _, _, ln in copied for n in ln} == {lay.unit_bytes}
+
+
+# ---------------------------------------------------------------- a random buffer history
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from sim.bytes.compact import CompactBuffer, OriginTable  # noqa: E402
+from sim.bytes.pattern import Origin  # noqa: E402
+from sim.engine.forward import ReadInfo  # noqa: E402
+from sim.engine.workload import Request, TokenSource  # noqa: E402
+from sim.pools.layouts import Field  # noqa: E402
+
+EPU, PAGES, LAYERS = 4, 6, 2
+#: two fields and padding: entries 0..3 of 8 B at 0, of 2 B at 32; 48 B pages
+LAY = PagedLayout("b", LAYERS, PAGES, 48, EPU, (Field("value", 0, 8), Field("scale", 32, 2)))
+SRC = TokenSource(0, 6, 1000)          # a 6-token system prompt shared by the sessions
+REQS = [Request(rid, rid % 2, 0, 0, 16, 1, 0, True, SRC) for rid in range(3)]
+# request rid's page j lives in device page PERM[rid][j] (requests 0 and 2 share a session,
+# so their pages hold the same KV; request 2's later pages are its own)
+PERM = {0: [0, 1, 2, 3], 1: [4, 5, 1, 0], 2: [0, 1, 5, 4]}
+
+write_op = st.tuples(st.just("write"), st.integers(0, 2), st.integers(0, 3), st.integers(0, LAYERS - 1),
+                     st.sampled_from(["right"] * 4 + ["shifted", "partial", "layer", "kind", "unit", "none"]),
+                     st.integers(1, 40))
+read_op = st.tuples(st.just("read"), st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True),
+                    st.one_of(st.sampled_from([4, 8, 12, 16]), st.integers(1, 16)), st.lists(st.integers(0, LAYERS - 1), min_size=1, max_size=2, unique=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(write_op, read_op), min_size=1, max_size=25),
+       st.lists(st.integers(0, 2), min_size=1, max_size=3))
+def test_incremental_oracle_equals_the_full_check_on_a_random_history(ops, first):
+    """Stores that write the right KV, pages written shifted (misaligned in their unit), in
+    part, at the wrong layer, of another kind or unit size, no owner; reads of 1..16 tokens of
+    up to three requests (shared pages, partial pages, several pool layers): every read's
+    verdict, incremental and full, must agree, with the incremental oracle's memory kept from
+    read to read (and told of every write)."""
+    table = OriginTable()
+    buf = CompactBuffer(LAY.nbytes, table, Origin("kv", 0, -1, 0, LAY.unit_bytes))
+    inc = KVOracle({"r": ("b", LAY)}, {"b": "kv"}, {"r": 1})
+    full = KVOracle({"r": ("b", LAY)}, {"b": "kv"}, {"r": 1}, incremental=False)
+    store = 0
+    # the requests ``first`` have stored all their pages right, then the history runs
+    start = [("write", rid, j, pl, "right", 1) for rid in first for j in range(4) for pl in range(LAYERS)]
+    for k, op in enumerate(start + ops):
+        if op[0] == "write":
+            _, rid, j, pl, how, shift = op
+            store += 1
+            page = PERM[rid][j]
+            for o in (inc, full):       # the store's content key: the request's page j, whole
+                o.record_store(REQS[rid], store, {"r": np.array([page * EPU + EPU - 1])},
+                               {"r": np.array([j * EPU + EPU - 1])})
+            ub = LAY.unit_bytes
+            origin = Origin("other" if how == "kind" else "kv", (pl + 1) % LAYERS if how == "layer" else pl,
+                            -1 if how == "none" else rid, store, ub // 2 if how == "unit" else ub)
+            dst = int(LAY.unit_offsets(pl, page))
+            n, so = ub, page * ub
+            if how == "shifted":
+                dst = min(dst + shift, LAY.nbytes - ub)
+            elif how == "partial":
+                dst, n, so = dst + shift, ub - shift, so + shift
+            buf.fill(np.array([dst]), np.array([n]), origin, np.array([so]))
+            inc.written("b", np.array([dst]), np.array([n]))
+            continue
+        _, rids, n_ctx, pls = op
+        entries = {rid: np.array([PERM[rid][t // EPU] * EPU + t % EPU for t in range(n_ctx)], np.int64)
+                   for rid in rids}
+        info = ReadInfo(f"r{k}", 0, "x", "r", "b", tuple(pls), False, np.zeros(0, np.int64),
+                        np.zeros(0, np.int64), entries)
+        made_for = {rid: (REQS[rid], n_ctx) for rid in rids}
+        a = inc.check_reads(info, None, made_for, buf)
+        b = full.check_reads(info, None, made_for, buf)
+        assert {r: v.tolist() for r, v in a.items()} == {r: v.tolist() for r, v in b.items()}, (k, op)
+    assert inc.entries_checked == full.entries_checked
