@@ -97,13 +97,15 @@ step = st.tuples(st.integers(0, 2), st.lists(st.tuples(st.integers(0, 63), st.in
 @given(steps=st.lists(step, min_size=1, max_size=25))
 def test_buffers_written_both_ways_hold_the_same_segments(blocks, steps):
     """Fills (many extents, any order, overlapping or not) and copies, with the few-pieces
-    paths on (the default) and off (FEW_PIECES = 0): the same blocks of segments."""
+    paths on (every write of up to 40 pieces) and off: the same blocks of segments."""
     size = 64 * UNIT
     t = OriginTable()
     mp = pytest.MonkeyPatch()
     bufs = {}
-    for few in (compact.FEW_PIECES, 0):
+    for few in (40, 0):
         mp.setattr(compact, "FEW_PIECES", few)
+        mp.setattr(compact, "FEW_SEGMENTS", 1 << 40)
+        mp.setattr(compact, "FEW_EXTENTS", few)
         if blocks:
             mp.setattr(CompactBuffer, "block_segments", blocks)
         try:
@@ -121,7 +123,7 @@ def test_buffers_written_both_ways_hold_the_same_segments(blocks, steps):
         finally:
             mp.undo()
         bufs[few] = b
-    fast, slow = bufs[compact.FEW_PIECES], bufs[0]
+    fast, slow = bufs[40], bufs[0]
     for f, w in zip(fast, slow):
         assert [a.tolist() for a in f._bs] == [a.tolist() for a in w._bs]
         assert [a.tolist() for a in f._bo] == [a.tolist() for a in w._bo]
