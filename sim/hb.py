@@ -50,6 +50,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -817,6 +818,8 @@ class _LiveBuffer:
 
     BUCKET_SHIFT = 16                   # 64 KiB buckets
     MAX_BUCKETS = 8
+    #: appends of at least this many intervals (given as arrays) are indexed vectorised
+    INDEX_MANY = 16
     #: live rows from which a query that cannot use the buckets is vectorised
     NUMPY_ROWS = 32
 
@@ -848,6 +851,37 @@ class _LiveBuffer:
             else:
                 lst.append(r)
 
+    def _index_many(self, r0: int, s_arr: np.ndarray, e_arr: np.ndarray) -> None:
+        """``_index`` of rows ``r0, r0 + 1, ...`` (intervals ``[s_arr, e_arr)``), vectorised:
+        the (row, bucket) pairs sorted by bucket (stably: each bucket's rows stay in row
+        order), then one list extension per bucket."""
+        sh = self.BUCKET_SHIFT
+        b0 = s_arr >> sh
+        nb = ((e_arr - 1) >> sh) - b0 + 1
+        wide = nb > self.MAX_BUCKETS
+        if wide.any():
+            self.wide.extend((np.flatnonzero(wide) + r0).tolist())
+            narrow = np.flatnonzero(~wide)
+            b0, nb = b0[narrow], nb[narrow]
+        else:
+            narrow = np.arange(s_arr.size)
+        row = np.repeat(narrow + r0, nb)
+        bucket = np.repeat(b0, nb) + _ranks(nb)
+        order = np.argsort(bucket, kind="stable")
+        bucket, row = bucket[order], row[order]
+        if not bucket.size:
+            return
+        head = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+        bounds = head.tolist() + [bucket.size]
+        rows = row.tolist()
+        buckets = self.buckets
+        for b, lo, hi in zip(bucket[head].tolist(), bounds, bounds[1:]):
+            lst = buckets.get(b)
+            if lst is None:
+                buckets[b] = rows[lo:hi]
+            else:
+                lst.extend(rows[lo:hi])
+
     def append(self, s: list, e: list, op: int, comp: int, pos: int, write: bool,
                s_arr: np.ndarray | None = None, e_arr: np.ndarray | None = None) -> None:
         """Rows for the merged intervals ``[s, e)`` (lists; ``s_arr``/``e_arr``: the same
@@ -867,6 +901,9 @@ class _LiveBuffer:
             else:
                 self._index(len(rows), s0, e0)
             rows.append((s0, e0, op, comp, pos, write))
+        elif len(s) >= self.INDEX_MANY and s_arr is not None:
+            self._index_many(len(rows), s_arr, e_arr)
+            rows.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
         else:
             for s0, e0 in zip(s, e):
                 self._index(len(rows), s0, e0)

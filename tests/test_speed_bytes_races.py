@@ -70,6 +70,24 @@ def test_racing_and_overlapping_equal_a_scan_of_every_row(seed, monkeypatch):
                 == sorted(racing)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_index_many_equals_index_one_row_at_a_time(seed, monkeypatch):
+    """The vectorised bucket index of a many-interval append: the same buckets (each in row
+    order) and wide rows as ``_index`` row by row."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(_LiveBuffer, "BUCKET_SHIFT", int(rng.choice([3, 6, 10])))
+    monkeypatch.setattr(_LiveBuffer, "MAX_BUCKETS", int(rng.choice([1, 2, 8])))
+    vec, one = _LiveBuffer(), _LiveBuffer()
+    monkeypatch.setattr(one, "INDEX_MANY", 1 << 30)
+    monkeypatch.setattr(vec, "INDEX_MANY", 1)
+    for op in range(30):
+        s, e = _intervals(rng, int(rng.choice([1, 2, 20, 200])), 1 << 14, int(rng.choice([2, 64, 4096])))
+        for lb in (vec, one):
+            lb.append(s.tolist(), e.tolist(), op, 0, op + 1, bool(op % 3), s, e)
+    assert vec.rows == one.rows
+    assert vec.buckets == one.buckets and vec.wide == one.wide
+
+
 @SETTINGS
 @given(any_schedule, st.sampled_from([None, 0, 2]), st.integers(3, 12), st.sampled_from([0, 2, 1 << 20]))
 def test_race_tracker_vectorised_equals_race_scan(doc, limit, shift, numpy_rows):

@@ -1,0 +1,107 @@
+"""Before/after CPU seconds of the engine on source trees, interleaved (issue 9's speed work
+on the race tracker and the byte models).
+
+    python benchmarks/bench_bytes_ab.py TREE [TREE ...] [--scenario incident] [--duration 3]
+                                        [--reps 3] [--json OUT]
+
+Each TREE is a directory holding the repository's files (``git archive <commit> | tar -x -C
+TREE``, then any files changed).  For every repetition, every tree in turn runs, each in its own
+child process with ``PYTHONPATH`` and the working directory at the tree:
+
+* ``plain``: ``PrefillEngine(load_scenario(SCENARIO, ['run.duration_s=D']), keep='report').run()``,
+  CPU seconds (``time.process_time``) of the run alone;
+* ``profile``: the same run under ``cProfile``, then ``pstats`` of the top 25 by own time (the
+  profile command of the work's brief), CPU seconds (user + system) of the whole child process.
+
+Repetitions interleave the trees, so a load that changes during the benchmark (a shared
+machine) falls on all of them; the table gives best-of-reps and every value, and the runs'
+requests and corrupted requests (equal across trees when results did not change).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+PLAIN = """
+import json, sys, time
+from sim.engine.engine import PrefillEngine
+from sim.engine.scenario import load_scenario
+e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
+t = time.process_time()
+r = e.run()
+cpu = time.process_time() - t
+print(json.dumps({{"cpu_s": cpu, "requests": r.requests_total, "corrupted": r.requests_corrupted,
+                  "sim_time_s": r.sim_time_s}}))
+"""
+
+PROFILE = """
+import cProfile, pstats
+from sim.engine.engine import PrefillEngine
+from sim.engine.scenario import load_scenario
+e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
+cProfile.run('r = e.run()', {prof!r})
+pstats.Stats({prof!r}).sort_stats('tottime').print_stats(25)
+"""
+
+
+def _child(tree: str, code: str) -> tuple[float, str]:
+    """Run ``code`` in a child at ``tree``: (its CPU seconds, user + system; its stdout)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = {**os.environ, "PYTHONPATH": tree}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trees", nargs="+")
+    ap.add_argument("--scenario", default="incident")
+    ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", default=["plain", "profile"], choices=["plain", "profile"])
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    trees = [os.path.abspath(t) for t in args.trees]
+    rows = {t: {"plain": [], "profile": [], "result": None} for t in trees}
+    t0 = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    for rep in range(args.reps):
+        for t in trees:
+            if "plain" in args.modes:
+                _, out = _child(t, PLAIN.format(scenario=args.scenario, duration=args.duration))
+                got = json.loads(out.strip().splitlines()[-1])
+                rows[t]["plain"].append(round(got.pop("cpu_s"), 2))
+                rows[t]["result"] = rows[t]["result"] or got
+                if got != rows[t]["result"]:
+                    raise SystemExit(f"{t}: results differ between repetitions: {got} vs {rows[t]['result']}")
+            if "profile" in args.modes:
+                prof = f"/tmp/bench_bytes_ab_{os.getpid()}.prof"
+                cpu, _ = _child(t, PROFILE.format(scenario=args.scenario, duration=args.duration, prof=prof))
+                rows[t]["profile"].append(round(cpu, 2))
+            print(f"rep {rep + 1} {t}: plain {rows[t]['plain'][-1:]} profile {rows[t]['profile'][-1:]}",
+                  file=sys.stderr, flush=True)
+    print(f"\n{args.scenario}, run.duration_s={args.duration}, best of {args.reps} (every value), CPU s\n")
+    print("| tree | plain run | profile command | requests (corrupted) |")
+    print("| --- | --- | --- | --- |")
+    for t in trees:
+        r = rows[t]
+        res = r["result"] or {}
+        fmt = (lambda v: f"{min(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" if v else "-")
+        print(f"| `{t}` | {fmt(r['plain'])} | {fmt(r['profile'])} | "
+              f"{res.get('requests', '-')} ({res.get('corrupted', '-')}) |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"scenario": args.scenario, "duration_s": args.duration, "reps": args.reps,
+                       "started": t0, "machine": platform.platform(), "python": platform.python_version(),
+                       "load_avg": os.getloadavg(), "trees": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
