@@ -143,6 +143,13 @@ def test_session_write_watcher_sees_writes_and_copies():
     copied = seen[2:]
     assert {b for b, _, _ in copied} == {"host_kv_buffer"}
     assert sum(len(o) for _, o, _ in copied) == 16 and {n for _, _, ln in copied for n in ln} == {lay.unit_bytes}
+    # a watcher of some buffers only hears of those
+    only = []
+    s.watch_writes(lambda buf, offs, lens: only.append(buf), buffers=["kv_buffer"])
+    s.store_kv(slots[:2], owner=2)
+    s.wait_idle()
+    assert only == ["kv_buffer", "kv_buffer"] and seen[-2:] == [("kv_buffer", lay.unit_offsets(k, slots[:2]).tolist(),
+                                                                 [lay.unit_bytes] * 2) for k in (0, 1)]
 
 
 # ---------------------------------------------------------------- a random buffer history

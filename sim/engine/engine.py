@@ -316,7 +316,7 @@ class PrefillEngine:
             if self.oracle.incremental:
                 # NOTE: the oracle remembers verdicts of pages not written since (its module
                 # doc); every mutation of the run's memory makes it forget the pages touched
-                self.session.watch_writes(self.oracle.written)
+                self.session.watch_writes(self.oracle.written, [name for name, _ in self.buffers.values()])
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self._stores = 0                 # batch stores issued (their number is their writes' version)
         self.chunked: _Admitted | None = None

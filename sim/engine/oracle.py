@@ -144,18 +144,19 @@ class KVOracle:
         if got is None:
             return
         ub = self._layout_of[buffer].page_bytes
+        key = got[0]
         o = np.asarray(offsets, np.int64).ravel()
         n = np.asarray(lengths, np.int64).ravel()
-        keep = n > 0
-        if not keep.all():
-            o, n = o[keep], n[keep]
-        if not o.size:
+        if o.size == 1:
+            # NOTE: most calls are one extent (a copy item landing, a one-page write): a slice
+            lo, hi = int(o[0]), int(o[0]) + int(n[0])
+            if hi > lo:
+                key[max(lo // ub, 0):min(-(-hi // ub), key.size)] = -1
             return
-        key = got[0]
         g0 = np.clip(o // ub, 0, key.size)
-        g1 = np.clip((o + n - 1) // ub + 1, 0, key.size)
+        g1 = np.clip(-(-(o + n) // ub), 0, key.size)
         span = g1 - g0
-        if not (span > 0).all():                # a copy's extent past the buffer's end writes nothing there
+        if not (span > 0).all():                # empty extents, or past the buffer's end: nothing there
             g0, g1, span = g0[span > 0], g1[span > 0], span[span > 0]
             if not span.size:
                 return
