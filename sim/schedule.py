@@ -71,7 +71,7 @@ import numpy as np
 from sim.bytes.pattern import MAX_UNIT_BYTES
 from sim.errors import MAX_NAME_CHARS, InputError, check_keys, show
 from sim.pools.layouts import PagedLayout, layout_from_json
-from sim.transfers.routines import ROUTINES, count_out_of_bounds, plan as plan_copy
+from sim.transfers.routines import ROUTINES, _layout_token, count_out_of_bounds, plan as plan_copy
 
 SCHEMA_VERSION = 2             # the format written; 1 still loads (one host, no host_query/barrier)
 SCHEMA_VERSIONS = (1, 2)
@@ -107,7 +107,7 @@ V2_OPS = ("host_query", "barrier")
 MAX_HOSTS = 1024
 #: copy plans whose bound checks a builder remembers (cleared when full: memory stays flat)
 PLAN_CHECKS_SIZE = 4096
-#: unit selections (layout, layer, units of at most SELECTION_MEMO_UNITS) expanded once
+#: unit selections (layout value, layer, units of at most SELECTION_MEMO_UNITS) expanded once
 #: (see _selection; cleared when full)
 SELECTION_MEMO_SIZE = 4096
 SELECTION_MEMO_UNITS = 64
@@ -595,15 +595,17 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
         if is_read:
             totals.add_read(count, count * lay.unit_bytes, f"{where}.units")
         v = d[key]
-        # NOTE: a short list of units of one layer is expanded once per (layout, layer, units):
-        # ops share the read-only arrays (a run's reads and writes repeat their pages)
+        # NOTE: a short list of units of one layer is expanded once per (layout value, layer,
+        # units): ops share the read-only arrays (a run's reads and writes repeat their pages,
+        # and the TP ranks' buffers have equal layouts, each its own object)
         memo_key = None
         if type(v) is list and len(v) <= SELECTION_MEMO_UNITS:
             t = tuple(v)
             if all(type(x) is int for x in t):
-                memo_key = (id(lay), layer, t)
+                tok = _layout_token(lay)
+                memo_key = None if tok is None else (tok, layer, t)
         got = _SELECTIONS.get(memo_key) if memo_key is not None else None
-        if got is not None and got[0] is lay:
+        if got is not None:
             return layer, got[1], got[2]
         if memo_key is not None and memo_key[2] and 0 <= min(memo_key[2]) and max(memo_key[2]) < lay.units:
             # every entry is an int (checked for the key) in range: what _int_list returns

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -242,3 +243,30 @@ def test_arg_key_types_as_before(value):
     before = (t, tuple(value)) if (t is list or t is tuple) and len(value) <= routines.PLAN_CACHE_MAX_INDICES \
         and all(type(x) is int for x in value) else None
     assert routines._arg_key(value) == before
+
+
+# ---- unit selections memoised per layout value
+
+def test_equal_layouts_share_unit_selections_and_unequal_ones_do_not(monkeypatch):
+    """Two buffers of one layout value (two TP ranks' pools) share one memoised selection,
+    equal to a fresh expansion; a buffer of another layout gets its own."""
+    import sim.schedule as schedule
+    monkeypatch.setattr(schedule, "_SELECTIONS", {})
+    s = validate({"kvrace_schedule": 2, "name": "sel", "streams": ["s"], "events": [], "buffers": [
+        {"name": "g0", "location": "device", "kind": "kv", "layout": {"kind": "paged", "layers": 2, "pages": 8,
+                                                                      "page_bytes": 64}},
+        {"name": "g1", "location": "device", "device": 1, "kind": "kv",
+         "layout": {"kind": "paged", "layers": 2, "pages": 8, "page_bytes": 64}},
+        {"name": "g2", "location": "device", "kind": "kv", "layout": {"kind": "paged", "layers": 2, "pages": 8,
+                                                                      "page_bytes": 128}}],
+        "ops": [{"id": f"r{b}", "op": "read", "stream": "s", "buffer": b, "layer": 1, "units": [3, 5]}
+                for b in ("g0", "g1", "g2")]})
+    r0, r1, r2 = s.ops
+    assert s.buffers["g0"].layout is not s.buffers["g1"].layout
+    assert r0.extents[0] is r1.extents[0] and r0.units is r1.units        # shared
+    assert r2.extents[0] is not r0.extents[0]
+    for op in s.ops:
+        lay = s.buffers[op.buffer].layout
+        assert op.extents[0].tolist() == lay.unit_offsets(1, np.array([3, 5])).tolist()
+        assert op.extents[1].tolist() == [lay.unit_bytes] * 2
+    assert len(schedule._SELECTIONS) == 2
