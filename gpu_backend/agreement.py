@@ -15,6 +15,13 @@ point estimates:
   the claim at the 5 % level); it **misses** when the whole interval lies outside the band on
   one side.
 
+Run-to-run variation (round 3): the GPU's stale probability at a point differs between device
+sessions by more than sampling allows.  ``agreement(..., session=(below, above))`` takes the range
+of one session's probability about the simulated one (``session_fit``: a per-point, per-session
+timing jitter of the fitted ``sigma``, through the point's own window curve) and adds it, in
+quadrature, to the simulated side of the interval.  It widens the interval only where the
+window's edge is steep enough for ``sigma`` to move the probability; at points where the curve
+is flat (0 or 1 over ``+-1.96 sigma``) nothing changes.
 ``within`` records the plain reading as well (``band_lo <= d <= band_hi`` for the point
 estimates), and ``z_p`` the p-value of the pooled two-proportion z-test of equality.
 """
@@ -30,14 +37,19 @@ __all__ = ["Agreement", "agreement", "newcombe_interval", "two_proportion_p", "T
 TOLERANCE = 0.05
 
 
-def newcombe_interval(k1: int, n1: int, k2: int, n2: int, z: float = 1.959964) -> tuple[float, float]:
-    """95 % interval of ``k1/n1 - k2/n2`` (Newcombe's hybrid score method from Wilson intervals)."""
+def newcombe_interval(k1: int, n1: int, k2: int, n2: int, z: float = 1.959964,
+                      extra: tuple[float, float] = (0.0, 0.0)) -> tuple[float, float]:
+    """95 % interval of ``k1/n1 - k2/n2`` (Newcombe's hybrid score method from Wilson intervals).
+
+    ``extra = (below, above)``: a further independent 95 % margin of ``p1`` below and above it
+    (the range of one GPU session's probability about the simulated one, ``session_fit``),
+    combined in quadrature with the sampling margins as Newcombe combines the two Wilson ones."""
     p1, p2 = k1 / n1, k2 / n2
     l1, u1 = wilson_interval(k1, n1, z)
     l2, u2 = wilson_interval(k2, n2, z)
     d = p1 - p2
-    lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)
-    hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
+    lo = d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2 + extra[0] ** 2)
+    hi = d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2 + extra[1] ** 2)
     return max(-1.0, lo), min(1.0, hi)
 
 
@@ -76,14 +88,21 @@ class Agreement:
         return asdict(self)
 
 
-def agreement(k_gpu: int, n_gpu: int, k_sim: int, n_sim: int, tolerance: float = TOLERANCE) -> Agreement:
-    """Test ``p_sim - p_gpu`` in the band of ``tolerance`` or the measured interval (module docstring)."""
+def agreement(k_gpu: int, n_gpu: int, k_sim: int, n_sim: int, tolerance: float = TOLERANCE,
+              session: tuple[float, float] = (0.0, 0.0)) -> Agreement:
+    """Test ``p_sim - p_gpu`` in the band of ``tolerance`` or the measured interval (module docstring).
+
+    ``session = (below, above)``: the range of one GPU session's stale probability below and
+    above the simulated one (``gpu_backend.calibrate.session_fit.session_spread``: the fitted
+    run-to-run jitter); it widens the simulated side of the difference interval, in quadrature."""
+    if min(session) < 0:
+        raise ValueError(f"session spread: expected two numbers >= 0, got {session}")
     if n_gpu < 1 or n_sim < 1 or not (0 <= k_gpu <= n_gpu) or not (0 <= k_sim <= n_sim):
         raise ValueError(f"expected 0 <= k <= n and n >= 1, got {k_gpu}/{n_gpu} and {k_sim}/{n_sim}")
     pg, ps = k_gpu / n_gpu, k_sim / n_sim
     lo, hi = wilson_interval(k_gpu, n_gpu)
     band_lo, band_hi = min(-tolerance, lo - pg), max(tolerance, hi - pg)
-    dlo, dhi = newcombe_interval(k_sim, n_sim, k_gpu, n_gpu)
+    dlo, dhi = newcombe_interval(k_sim, n_sim, k_gpu, n_gpu, extra=session)
     d = ps - pg
     return Agreement(k_gpu, n_gpu, k_sim, n_sim, pg, ps, lo, hi, band_lo, band_hi, dlo, dhi,
                      agrees=dlo <= band_hi and dhi >= band_lo, within=band_lo - 1e-12 <= d <= band_hi + 1e-12,

@@ -42,6 +42,10 @@ _SCHEMA = {
 #     items at once by element size; sim.transfers.timing), for a profile of SGLang's kernels;
 #     "builtin" as "launch" below 16 MiB and on one block of 32 warps per SM (resident_warps
 #     items at once) for a row copy of 16 MiB or more: kvrace's builtin kernels.
+#   link.row_factor_bytes, link.row_factors (optional, together): a kernel copy's rounds take the
+#     factor of its row size (largest extent) times as long, interpolated in log2 of the row
+#     between the points, held outside them (sim.transfers.timing.row_factor): fitted to measured
+#     race windows by gpu_backend.calibrate.row_fit.
 #   device.launch_jitter_us: every kernel (copy, read, write) starts after an extra delay drawn
 #     from an exponential distribution of this mean by the run's seeded generator: the launch
 #     skew between streams that a GPU shows (kernel starts measured 9-23 us after a gate on an
@@ -198,6 +202,8 @@ class Profile:
     mem_efficiency: float = 0.0
     op_launch_us: float = 0.0
     roofline_jitter_frac: float = 0.0
+    #: link.row_factor_bytes / link.row_factors as ((row bytes, factor), ...) (sim.transfers.timing)
+    row_factors: tuple = ()
     #: the [timing] table: (key, QuantileTable) pairs, sorted by key (a tuple: the profile stays
     #: hashable and frozen)
     timing: tuple = ()
@@ -273,7 +279,7 @@ class Profile:
 
         return LinkTiming(gbps=gbps, launch_us=self.launch_us, item_overhead_us=self.item_overhead_us,
                           memcpy_latency_us=self.memcpy_latency_us, resident_warps=self.resident_warps,
-                          warp_gbps=self.warp_gbps, workers=self.kernel_workers)
+                          warp_gbps=self.warp_gbps, workers=self.kernel_workers, row_factors=self.row_factors)
 
 
 def shipped_profiles() -> list[str]:
@@ -309,6 +315,23 @@ def load_profile(name_or_path: str) -> Profile:
     return profile_from_dict(doc, where)
 
 
+def _row_factors(link: dict, where: str) -> tuple:
+    """``link.row_factor_bytes`` (increasing integers > 0) and ``link.row_factors`` (numbers > 0,
+    as many) as ((row bytes, factor), ...); both absent: ()."""
+    rb, rf = link.get("row_factor_bytes"), link.get("row_factors")
+    if rb is None and rf is None:
+        return ()
+    ok = (isinstance(rb, list) and 1 <= len(rb) <= 64
+          and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in rb)
+          and all(a < b for a, b in zip(rb, rb[1:])))
+    require(ok, f"{where}: link.row_factor_bytes", f"expected 1 to 64 increasing integers > 0, got {rb!r}")
+    ok = (isinstance(rf, list) and len(rf) == len(rb)
+          and all(isinstance(f, (int, float)) and not isinstance(f, bool) and math.isfinite(f) and f > 0 for f in rf))
+    require(ok, f"{where}: link.row_factors", f"expected {len(rb)} finite numbers > 0 (one per row_factor_bytes), "
+                                              f"got {rf!r}")
+    return tuple((int(b), float(f)) for b, f in zip(rb, rf))
+
+
 def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
     values = {}
     for key, typ in (("name", str), ("calibrated", bool), ("source", str), ("date", str)):
@@ -336,6 +359,7 @@ def profile_from_dict(doc: dict, where: str = "profile") -> Profile:
                 require(ok, f"{where}: {section}.{key}", f"expected a finite number >= 0, got {v!r}")
                 v = float(v)
             values["link_sharing" if key == "sharing" else key] = v
+    values["row_factors"] = _row_factors(doc["link"], where)
     timing = doc.get("timing", {})
     require(isinstance(timing, dict), f"{where}: [timing]", f"expected a table, got {timing!r}")
     beside = timing.get("beside", {})

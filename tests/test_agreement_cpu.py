@@ -91,3 +91,88 @@ def test_the_fit_stale_rule_matches_the_simulator_at_an_intermediate_point():
     per_read, _ = simulate_stale(validate(race_doc(256, 256, 10.0)), prof, seeds=120, seed=0)
     assert sum(per_read.values()) / 120 == pytest.approx(rule, abs=0.14)
     assert rule_stale_probability(prof, 1024, 4096, 3.0) == 1.0     # the read long before a long copy's end
+
+
+def test_session_spread_widens_only_the_simulated_side_and_only_where_given():
+    """``agreement(..., session=(below, above))``: no spread is the old test; a spread widens the
+    difference interval on the side it is given, in quadrature; a far point still misses."""
+    a0 = agreement(99, 100, 120, 200)
+    assert agreement(99, 100, 120, 200, session=(0.0, 0.0)) == a0
+    a1 = agreement(99, 100, 120, 200, session=(0.0, 0.4))
+    assert a1.diff_lo == a0.diff_lo and a1.diff_hi > a0.diff_hi
+    below = a0.p_sim - a0.p_gpu - a0.diff_lo
+    assert a0.p_sim - a0.p_gpu - agreement(99, 100, 120, 200, session=(0.3, 0.0)).diff_lo == \
+        pytest.approx(np.hypot(below, 0.3))
+    assert not a0.agrees and a1.agrees
+    assert not agreement(1, 100, 172, 200, session=(0.2, 0.2)).agrees     # 0.01 against 0.86
+    with pytest.raises(ValueError):
+        agreement(1, 100, 1, 200, session=(-0.1, 0.0))
+
+
+def _window_margins(edge_us: float, width_us: float) -> np.ndarray:
+    """rule_margins of a window whose stale probability falls linearly from 1 to 0 over
+    ``[edge - width/2, edge + width/2]`` of compute time."""
+    return np.sort(np.linspace(edge_us - width_us / 2, edge_us + width_us / 2, 2001))
+
+
+def test_session_spread_is_zero_where_the_window_is_flat():
+    from gpu_backend.calibrate.session_fit import session_spread
+
+    m = _window_margins(10.0, 2.0)
+    assert session_spread(m, 30.0, 0.7) == (0.0, 0.0, 0.0)          # far past the window: 0 +- 0
+    p0, lo, hi = session_spread(m, 10.0, 0.5)
+    assert p0 == pytest.approx(0.5, abs=0.01) and lo == pytest.approx(0.01, abs=0.01) and hi == pytest.approx(0.99, abs=0.01)
+
+
+def test_session_jitter_fit_recovers_sigma_from_synthetic_sessions():
+    """Sessions drawn with a per-point, per-session shift of sigma = 0.6 us (and per-point
+    locations the fit must not mistake for jitter) give back about 0.6; sessions without jitter
+    give about 0."""
+    from gpu_backend.calibrate.session_fit import fit_session_jitter
+
+    rng = np.random.default_rng(3)
+    shapes = [(64 * (i + 1), 256) for i in range(16)]
+    curves = {sh: _window_margins(10.0 + 0.3 * i, 3.0) for i, sh in enumerate(shapes)}
+
+    def sessions(sigma):
+        out = [dict() for _ in range(3)]
+        for sh in shapes:
+            mu = rng.uniform(-1, 1)
+            for s in out:
+                c = 10.0 + 0.3 * shapes.index(sh)
+                p = 1 - np.searchsorted(curves[sh], c + mu + rng.normal(0, sigma), side="right") / 2001 \
+                    if sigma else 1 - np.searchsorted(curves[sh], c + mu, side="right") / 2001
+                s[(sh[0], sh[1], c)] = (int(rng.binomial(100, p)), 100)
+        return out
+
+    grid = np.round(np.arange(0, 1.6, 0.1), 2)
+    fit = fit_session_jitter(None, sessions(0.6), sigma_grid=grid, margins_of=lambda b, t: curves[(b, t)])
+    assert 0.3 <= fit["sigma_us"] <= 0.9 and fit["gain"] > 3
+    fit0 = fit_session_jitter(None, sessions(0.0), sigma_grid=grid, margins_of=lambda b, t: curves[(b, t)])
+    assert fit0["sigma_us"] <= 0.2
+
+
+def test_row_fit_writes_a_profile_the_simulator_reads():
+    """``apply_rows_to_profile_text``: the row factors land in [link], the beside tables are the
+    plain table moved by the offsets, [fit.rows] / [fit.session] record the fit; applying it twice
+    leaves one copy of each."""
+    from gpu_backend.calibrate.row_fit import apply_rows_to_profile_text
+    from gpu_backend.calibrate.spread_fit import BESIDE_UPTO
+    from sim.profile import load_profile, profile_from_dict, tomllib
+
+    path = "sim/profiles/h200-calibrated-sglang.toml"
+    with open(path) as f:
+        text = f.read()
+    plain = list(load_profile(path).timing_table("read_after_compute_us").values)
+    fit = {"row_factors": [(128, 1.0), (1024, 0.8)], "offsets_us": [0.5] * (len(BESIDE_UPTO) + 1),
+           "bucket_points": [1] * (len(BESIDE_UPTO) + 1), "upto_bytes": list(BESIDE_UPTO), "plain_skew": plain,
+           "nll_start": 2.0, "nll": 1.0, "points": 10, "sessions": 2}
+    session = {"sigma_us": 0.4, "gain": 3.0, "points": [[1, 2, 3.0]], "sessions": 2}
+    new = apply_rows_to_profile_text(apply_rows_to_profile_text(text, fit, None, "t"), fit, session, "t")
+    doc = tomllib.loads(new)
+    prof = profile_from_dict(doc, "x")
+    assert prof.row_factors == ((128, 1.0), (1024, 0.8))
+    assert doc["fit"]["session"]["jitter_us"] == 0.4 and doc["fit"]["rows"]["points"] == 10
+    tables = doc["timing"]["beside"]["read_after_compute_us"]["tables"]
+    assert np.allclose(tables[3], np.maximum(np.array(plain) + 0.5, 0), atol=1e-4)
+    assert new.count("\n[fit.rows]\n") == 1 and new.count("row_factors = [") == 2   # [link] and [fit.rows]

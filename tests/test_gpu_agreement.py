@@ -7,7 +7,9 @@ Run with ``pytest -m gpu tests/test_gpu_agreement.py``; skipped without torch or
 that requires a provider through ``KVRACE_REQUIRE_PROVIDERS`` fails instead of skipping).  Each
 provider's points are measured once per module (100 free replays per point, or
 ``KVRACE_AGREEMENT_TRIALS``) and simulated with 200 seeds (``KVRACE_AGREEMENT_SEEDS``) on a
-spawned process pool.  Points that missed on the H200 in the latest verification run
+spawned process pool.  The simulated side carries the run-to-run spread of one GPU session (the profile's ``[fit.session]
+jitter_us`` through the point's own window: gpu_backend.calibrate.session_fit, docs/timing.md).
+Points that missed on the H200 in the latest verification run
 (results/gpu_fidelity.md) are marked ``xfail`` (not strict) with the reason found there; any
 other point that misses fails.  With ``KVRACE_AGREEMENT_OUT=DIR`` each provider's points are also written to
 ``DIR/free_sweep_<provider>.csv`` in ``benchmarks/free_sweep.py``'s format (measured and
@@ -70,16 +72,28 @@ def _measure(provider: str) -> dict:
     sizes, tokens, computes = GRID[provider]
     points = [(b, t, c) for c in computes for b in sizes for t in tokens]
     sim = predict_points(points, PROFILES[provider], SEEDS, workers=min(16, os.cpu_count() or 1))
+    spread = _session_spreads(provider, points)
     out = {}
     for p in points:
         rep = replay(validate(race_doc(*p)), prov, "free", profile=PROFILES[provider], trials=TRIALS, sim_seeds=0)
         r = rep["reads"][0]
         assert r["implausible_words"] == 0, f"{provider} {p}: implausible words on the GPU"
-        out[p] = (r["stale_trials"], sim[p], rep)
+        out[p] = (r["stale_trials"], sim[p], rep, spread[p])
     _measured[provider] = out
     if os.environ.get("KVRACE_AGREEMENT_OUT"):
         _write_csv(provider, out, os.environ["KVRACE_AGREEMENT_OUT"])
     return out
+
+
+def _session_spreads(provider: str, points: list) -> dict:
+    """Each point's run-to-run spread (below, above) from the profile's ``[fit.session]
+    jitter_us`` (gpu_backend.calibrate.session_fit; (0, 0) without it)."""
+    from gpu_backend.calibrate.session_fit import point_session_spread, profile_jitter_us
+    from sim.profile import load_profile
+
+    sigma = profile_jitter_us(PROFILES[provider])
+    prof = load_profile(PROFILES[provider])
+    return {p: point_session_spread(prof, p, sigma_us=sigma) for p in points}
 
 
 def _write_csv(provider: str, out: dict, folder: str) -> None:
@@ -88,7 +102,7 @@ def _write_csv(provider: str, out: dict, folder: str) -> None:
     from gpu_backend.compare import wilson_interval
 
     rows = []
-    for (b, t, c), (k_gpu, k_sim, rep) in out.items():
+    for (b, t, c), (k_gpu, k_sim, rep, _) in out.items():
         r = rep["reads"][0]
         plo, phi = wilson_interval(k_sim, SEEDS)
         rows.append({"compute_us": c, "bytes_per_token": b, "tokens": t, "load_bytes": b * t, "provider": provider,
@@ -116,8 +130,8 @@ def _cases():
 
 @pytest.mark.parametrize("provider, point", list(_cases()))
 def test_free_sweep_point_agrees_with_the_simulator(provider, point):
-    k_gpu, k_sim, _ = _measure(provider)[point]
-    a = agreement(k_gpu, TRIALS, k_sim, SEEDS)
+    k_gpu, k_sim, _, spread = _measure(provider)[point]
+    a = agreement(k_gpu, TRIALS, k_sim, SEEDS, session=spread)
     assert a.agrees, (f"{provider} {point}: measured {a.p_gpu:.3f} [{a.gpu_lo:.3f}, {a.gpu_hi:.3f}], simulated "
                       f"{a.p_sim:.3f}; difference interval [{a.diff_lo:.3f}, {a.diff_hi:.3f}] outside "
                       f"[{a.band_lo:.3f}, {a.band_hi:.3f}]")
@@ -132,6 +146,17 @@ def test_minimal_race_is_predicted_inside_its_measured_interval():
     rep = replay(load(EXAMPLE), prov, "free", profile=PROFILES["sglang"], trials=n, sim_seeds=0)
     k_gpu = rep["reads"][0]["stale_trials"]
     k_sim = predict_points([EXAMPLE], PROFILES["sglang"], 2 * SEEDS)[EXAMPLE]
-    a = agreement(k_gpu, n, k_sim, 2 * SEEDS)
+    import json
+
+    from gpu_backend.calibrate.session_fit import point_session_spread, profile_jitter_us
+    from sim.profile import load_profile
+
+    with open(EXAMPLE) as f:
+        doc = json.load(f)
+    spread = point_session_spread(load_profile(PROFILES["sglang"]), doc,
+                                  sigma_us=profile_jitter_us(PROFILES["sglang"]))
+    a = agreement(k_gpu, n, k_sim, 2 * SEEDS, session=spread)
+    print(f"minimal race: GPU {k_gpu}/{n}, simulated {k_sim}/{2 * SEEDS}, session spread {spread}; "
+          f"inside the measured interval: {a.gpu_lo <= a.p_sim <= a.gpu_hi}")
     assert a.agrees, (f"minimal race: measured {a.p_gpu:.3f} [{a.gpu_lo:.3f}, {a.gpu_hi:.3f}], simulated "
                       f"{a.p_sim:.3f} (difference interval [{a.diff_lo:.3f}, {a.diff_hi:.3f}])")

@@ -213,3 +213,26 @@ def test_the_jit_rule_leaves_memcpy_copies_alone():
 
     with pytest.raises(InputError, match="LinkTiming.workers"):
         LinkTiming(gbps=1.0, workers="x")
+
+
+def test_row_factors_are_read_and_validated_by_key():
+    """link.row_factor_bytes / link.row_factors: read together into Profile.row_factors and
+    LinkTiming; a bad list is refused naming its key."""
+    import copy
+
+    from sim.profile import profile_from_dict, tomllib
+
+    with open("sim/profiles/h200-calibrated-sglang.toml", "rb") as f:
+        doc = tomllib.load(f)
+    prof = profile_from_dict(doc)
+    assert prof.row_factors and prof.link_timing(prof.h2d_gbps).row_factors == prof.row_factors
+    for key, val, where in (("row_factor_bytes", [256, 128], "link.row_factor_bytes"),
+                            ("row_factors", [1.0], "link.row_factors"),
+                            ("row_factors", [1.0, 1.0, 1.0, 1.0, -1.0], "link.row_factors")):
+        d = copy.deepcopy(doc)
+        d["link"][key] = val
+        with pytest.raises(InputError, match=where):
+            profile_from_dict(d)
+    d = copy.deepcopy(doc)
+    del d["link"]["row_factor_bytes"], d["link"]["row_factors"]
+    assert profile_from_dict(d).row_factors == ()

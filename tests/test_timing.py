@@ -148,3 +148,19 @@ def test_builtin_kernels_pick_the_wide_launch_by_the_same_rule():
     assert bk.wide_launch(16384, 132) == (132, 1024, 4)
     assert bk.wide_launch(40, 132) == (2, 1024, 1)
     assert "kvr_rows_wide" in bk.kernel_source() and bk.WIDE_KERNEL == "kvr_rows_wide"
+
+
+def test_row_factors_scale_a_kernel_copys_rounds_by_its_row():
+    """``LinkTiming.row_factors``: interpolated in log2 of the row between the points, held
+    outside; a copy's rounds (not its launch) take that many times as long; memcpy is not scaled."""
+    from sim.transfers.timing import row_factor
+
+    t = LinkTiming(50.0, 3.0, 0.2, 4.0, resident_warps=64)
+    f = LinkTiming(50.0, 3.0, 0.2, 4.0, resident_warps=64, row_factors=((128, 1.0), (512, 1.4)))
+    assert row_factor(f, 256) == pytest.approx(1.2) and row_factor(f, 64) == 1.0 and row_factor(f, 4096) == 1.4
+    assert row_factor(t, 256) == 1.0
+    p = per_layer(200, 512)
+    assert copy_end_us(p, f) - 3.0 == pytest.approx(1.4 * (copy_end_us(p, t) - 3.0))
+    for bad in (((128, 1.0), (64, 1.0)), ((128, 0.0),), ((0, 1.0),), ([128, 1.0],)):
+        with pytest.raises(InputError, match="LinkTiming.row_factors"):
+            LinkTiming(50.0, row_factors=bad)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["BESIDE_UPTO", "beside_offsets", "stale_probability", "rule_stale_probability", "QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
+__all__ = ["BESIDE_UPTO", "beside_offsets", "stale_probability", "rule_stale_probability", "rule_margins", "rule_margins_doc", "stale_at", "QUANTILES", "pava_nonincreasing", "survival", "window_quantiles", "refit_link", "fit_link_model", "read_skew_table", "apply_to_profile_text", "main",
            "rate_factor_table", "fit_timing", "timing_toml"]
 
 #: the probabilities of the written tables: 0, 0.05, ..., 1
@@ -253,18 +253,21 @@ def stale_probability(margin_us, skew, rate) -> np.ndarray:
     return np.sort((margin_us(f)[:, None] - r[None, :]).ravel())
 
 
-def rule_stale_probability(profile, bytes_per_token: int, tokens: int, compute_us: float) -> float:
-    """The stale probability of a free-sweep point by the rule the fit assumes (``R`` from the
-    profile's read-skew table for the bytes beside, ``f`` from its rate table, the copy's end from
-    the profile's link), without running the simulator: a quick check of a fit against measured
-    sweeps (``benchmarks/agreement.py --rule``); the simulator's own runs are the reference
-    (``tests/test_agreement_cpu.py`` compares the two)."""
-    from dataclasses import replace
-
+def rule_margins(profile, bytes_per_token: int, tokens: int) -> np.ndarray:
+    """The sorted stale margins of a free-sweep point at ``compute_us = 0`` by the fit's rule
+    (``rule_stale_probability``): the point is stale at compute ``c`` with probability
+    ``1 - searchsorted(margins, c, 'right') / margins.size``, so one array serves every ``c``."""
     from gpu_backend.calibrate.spread import race_doc
 
+    return rule_margins_doc(profile, race_doc(bytes_per_token, tokens, 1.0))
+
+
+def rule_margins_doc(profile, doc: dict) -> np.ndarray:
+    """``rule_margins`` of any schedule document with one copy racing one read after one compute
+    op (the minimal race example), its compute time taken as 0."""
+    from dataclasses import replace
+
     base = replace(profile, timing=(), timing_beside=())
-    doc = race_doc(bytes_per_token, tokens, 1.0)
     key = "read_after_compute_us"
     bt = profile.beside_table(key)
     table = bt.table_for(_copy_bytes(doc)) if bt is not None else profile.timing_table(key)
@@ -272,9 +275,22 @@ def rule_stale_probability(profile, bytes_per_token: int, tokens: int, compute_u
     rate = profile.timing_table("copy_rate_factor")
     m = profile.timing_table("copy_after_wait_us")
     x = _copy_end(doc, base) - base.launch_us
-    lead = base.launch_us + (m.values[0] if m is not None else 0.0) - base.kernel_launch_us - compute_us
-    t = stale_probability(lambda f: f * x + lead, skew, rate.values if rate is not None else None)
-    return float(1.0 - np.searchsorted(t, 0.0, side="right") / t.size)
+    lead = base.launch_us + (m.values[0] if m is not None else 0.0) - base.kernel_launch_us
+    return stale_probability(lambda f: f * x + lead, skew, rate.values if rate is not None else None)
+
+
+def stale_at(margins: np.ndarray, compute_us) -> np.ndarray:
+    """``P(stale)`` at each compute time (array-valued) from ``rule_margins``' array."""
+    return 1.0 - np.searchsorted(margins, np.asarray(compute_us, float), side="right") / margins.size
+
+
+def rule_stale_probability(profile, bytes_per_token: int, tokens: int, compute_us: float) -> float:
+    """The stale probability of a free-sweep point by the rule the fit assumes (``R`` from the
+    profile's read-skew table for the bytes beside, ``f`` from its rate table, the copy's end from
+    the profile's link), without running the simulator: a quick check of a fit against measured
+    sweeps (``benchmarks/agreement.py --rule``); the simulator's own runs are the reference
+    (``tests/test_agreement_cpu.py`` compares the two)."""
+    return float(stale_at(rule_margins(profile, bytes_per_token, tokens), compute_us))
 
 
 def beside_offsets(points: list[dict], skew, rate, upto=BESIDE_UPTO) -> list[dict]:

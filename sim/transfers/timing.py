@@ -28,6 +28,11 @@ The builtin provider's wide launch (``LinkTiming.workers = "builtin"``)
     enough host reads in flight: ``benchmarks/bench_rows_variants.py``); the item order is the
     same (item ``i`` on warp ``i % W``, round ``i // W``), with ``W = resident_warps``.  The link
     parameters are the ones fitted below 16 MiB; a wide copy's rate is not fitted separately.
+Row factors (``LinkTiming.row_factors``, round 3 of issue 12)
+    A kernel copy's rounds take ``row_factor(row)`` times as long, ``row`` the copy's largest
+    extent: an effective term, fitted per row size to the race windows measured on a GPU
+    (``gpu_backend.calibrate.row_fit``), for what the four link parameters leave over per row
+    size.  Memcpy runs are not scaled.
 Memcpy runs (``memcpy_runs``)
     One ``cudaMemcpyAsync`` per run, each starting when the previous one ends
     and taking ``memcpy_latency_us + run_bytes / gbps``; the first starts at 0.
@@ -95,6 +100,10 @@ class LinkTiming:
     resident_warps: int = 1 << 30
     warp_gbps: float = float("inf")     # one warp's own copy rate (inf: no per-warp limit)
     workers: str = "launch"             # WORKER_RULES: who runs a warp_quota kernel's items
+    #: ((row bytes, factor), ...), row bytes increasing: a kernel copy's rounds take ``factor``
+    #: times as long, the factor interpolated in log2 of the copy's row (largest extent) between
+    #: the points and held at the end points outside them; () is 1 for every row
+    row_factors: tuple = ()
 
     def __post_init__(self):
         for k in ("gbps", "launch_us", "item_overhead_us", "memcpy_latency_us", "warp_gbps"):
@@ -109,6 +118,13 @@ class LinkTiming:
                                  f"number, got {v}")
         if self.workers not in WORKER_RULES:
             raise InputError("LinkTiming.workers", f"expected one of {list(WORKER_RULES)}, got {self.workers!r}")
+        rf = self.row_factors
+        if not isinstance(rf, tuple) or not all(
+                isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], numbers.Integral) and p[0] > 0
+                and isinstance(p[1], numbers.Real) and np.isfinite(p[1]) and p[1] > 0 for p in rf) \
+                or any(a[0] >= b[0] for a, b in zip(rf, rf[1:])):
+            raise InputError("LinkTiming.row_factors", f"expected ((row bytes > 0, factor > 0), ...) with "
+                                                       f"increasing row bytes, got {rf!r}")
         rw = self.resident_warps
         if not isinstance(rw, numbers.Integral) or isinstance(rw, bool) or rw < 1:
             raise InputError("LinkTiming.resident_warps", f"expected an integer >= 1, got {rw!r}")
@@ -143,6 +159,17 @@ def concurrency(plan: CopyPlan, timing: LinkTiming) -> int:
     return max(1, min(warps, timing.resident_warps))
 
 
+def row_factor(timing: LinkTiming, row_bytes: int) -> float:
+    """The factor of ``timing.row_factors`` for a copy whose largest extent is ``row_bytes``:
+    linear in ``log2(row_bytes)`` between the two neighbouring points, the end point's factor
+    outside them, 1 without points."""
+    rf = timing.row_factors
+    if not rf:
+        return 1.0
+    xs = np.log2([float(b) for b, _ in rf])
+    return float(np.interp(np.log2(max(1, int(row_bytes))), xs, [float(f) for _, f in rf]))
+
+
 def item_rounds(plan: CopyPlan, timing: LinkTiming) -> np.ndarray:
     """Round of every item (for memcpy runs: the run's position)."""
     return np.arange(plan.n_items, dtype=np.int64) // concurrency(plan, timing)
@@ -169,6 +196,8 @@ def item_times(plan: CopyPlan, timing: LinkTiming) -> tuple[np.ndarray, np.ndarr
     np.maximum.at(largest, rnd, ib)
     dur = timing.item_overhead_us + np.maximum(round_bytes / bpu,
                                                largest / (timing.warp_gbps * BYTES_PER_US_PER_GBPS))
+    if timing.row_factors and len(plan.extents):
+        dur = dur * row_factor(timing, int(np.asarray(plan.extents.length).max()))
     round_end = timing.launch_us + np.cumsum(dur)
     round_start = round_end - dur
     return round_start[rnd], round_end[rnd]
