@@ -25,7 +25,8 @@ profile ``h200``; the verdicts (``analyse``) are included in every time.  Report
 ops issued, wall and CPU seconds, ops per wall second, peak RSS (``ru_maxrss``), the
 sha256 of the whole report (JSON, sorted keys: equal before and after a speed change), and
 for program runs the RSS at each tenth of the run (``/proc/self/statm``), which is
-how memory flat in the run's length shows.
+how memory flat in the run's length shows; for static runs the RSS once the document is
+validated (``rss_input_mib``: the input, held whole), which the peak is compared with.
 """
 from __future__ import annotations
 
@@ -140,8 +141,13 @@ def measure(mode: str, n_ops: int, devices: int) -> dict:
     if mode == "static":
         doc["ops"] = [op for r in range(n_req) for d in range(devices) for op in request_ops(d, r, host_pages)]
         # NOTE: a document is limited to MAX_OPS ops; the benchmark lifts the bound (max_ops=None)
-        run = run_schedule(validate(doc, max_ops=None), prof, materialise=False, keep="report")
+        sched = validate(doc, max_ops=None)
+        # the input held (the document and its validated ops) before the run starts: the run's
+        # own memory is what the peak adds to it
+        rss_input = round(_rss_mib(), 1)
+        run = run_schedule(sched, prof, materialise=False, keep="report")
     else:
+        rss_input = None
         run = run_programs(doc, programs(devices, n_req, host_pages, trend, c0), prof, materialise=False,
                            keep="report")
     t_run = time.perf_counter() - t0
@@ -154,7 +160,8 @@ def measure(mode: str, n_ops: int, devices: int) -> dict:
             "latent_races_total": rep["latent_races_total"],
             # NOTE: taken after the timing: equal digests before and after a change mean the same report
             "report_sha256": hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest(),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024), "rss_trend": trend}
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "rss_input_mib": rss_input, "rss_trend": trend}
 
 
 def split(n_ops: int, devices: int, repeat: int = 3) -> None:
@@ -254,6 +261,8 @@ def main() -> None:
             print(f"| {mode} | {r['ops']} | {r['wall_s']} | {r['cpu_s']} | {r['ops_per_wall_s']} | "
                   f"{r['ops_per_cpu_s']} | {r['reads']} | {r['corrupt_reads']} | {r['latent_races_total']} | "
                   f"{r['peak_rss_mib']} |", flush=True)
+            if r.get("rss_input_mib") is not None:
+                print(f"  RSS once validated (the input): {r['rss_input_mib']} MiB", flush=True)
             if r["rss_trend"]:
                 print("  RSS trend (ops: MiB): " + ", ".join(f"{x['ops']}: {x['rss_mib']}" for x in r["rss_trend"]),
                       flush=True)

@@ -26,7 +26,7 @@ from tests.helpers import profile
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
-SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 any_schedule = st.one_of(rich_schedules(max_ops=16), schedules(max_ops=16))
 
 
@@ -88,10 +88,10 @@ def _devices_doc(devices: int, requests: int, gated: bool = False) -> dict:
 
 
 def test_live_accesses_follow_live_state_with_independent_devices():
-    """Four independent devices, reads gated on the loads: one floor for all buffers keeps
+    """Three independent devices, reads gated on the loads: one floor for all buffers keeps
     every access (a later op of one device is not ordered after anything of another); a
     floor per buffer keeps the live ones only.  Same report either way."""
-    s = validate(_devices_doc(4, 100, gated=True))
+    s = validate(_devices_doc(3, 60, gated=True))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(verdicts, "StaticRaceTracker", _global_floor_tracker)
         mp.setattr(RaceTracker, "PRUNE_EVERY", 64)
@@ -101,14 +101,14 @@ def test_live_accesses_follow_live_state_with_independent_devices():
         new_run, new = _report(s, 0)
     assert new == old and new["latent_races_total"] == 0
     accesses = sum(2 if op.op == "copy" else 1 for op in s.ops if op.op in ("copy", "read"))
-    assert accesses == 1200 and old_run.online.races.live_accesses() == accesses   # nothing dropped
+    assert accesses == 540 and old_run.online.races.live_accesses() == accesses   # nothing dropped
     # at most the accesses added since the last prune, and the few live at it
     assert new_run.online.races.live_accesses() < 64 * 2 + 16
 
 
 def test_ungated_reads_keep_racing_with_a_floor_per_buffer():
     """Ungated reads race every load of their page (before or after them): all found."""
-    requests, devices = 40, 3
+    requests, devices = 24, 2
     s = validate(_devices_doc(devices, requests))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(verdicts, "StaticRaceTracker", _global_floor_tracker)
