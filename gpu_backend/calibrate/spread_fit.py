@@ -108,19 +108,21 @@ def refit_link(n_items, item_bytes, us, resident_warps: int) -> dict:
 def fit_link_model(plans: list, us, base_profile) -> dict:
     """``launch_us``, ``item_overhead_us``, ``h2d_gbps`` and ``warp_gbps`` of
     ``sim.transfers.timing`` fitted to measured copy times ``us`` of the copy ``plans`` (least
-    squares on relative error), with the profile's own worker rule (``link.kernel_workers``)
-    and resident warps: a grid over the two rates, refined once, ``launch_us`` and
+    squares on relative error), with the profile's own worker rule (``link.kernel_workers``),
+    row factors (``link.row_factors``, kept as they are) and resident warps: a grid over the two rates, refined once, ``launch_us`` and
     ``item_overhead_us`` by NNLS at each point (a copy ends ``launch_us + rounds x
     item_overhead_us`` plus its rounds' transfer times)."""
     from gpu_backend.calibrate.fit import nnls
-    from sim.transfers.timing import LinkTiming, copy_end_us, item_rounds
+    from sim.transfers.timing import LinkTiming, copy_end_us, item_rounds, row_factor
 
     us = np.asarray(us, dtype=np.float64)
     rule, rw = base_profile.kernel_workers, base_profile.resident_warps
 
     def times(g, w):
-        t = LinkTiming(gbps=g, warp_gbps=w, resident_warps=rw, workers=rule)
-        rounds = np.array([int(item_rounds(p, t)[-1]) + 1 if p.n_items else 0 for p in plans], dtype=np.float64)
+        t = LinkTiming(gbps=g, warp_gbps=w, resident_warps=rw, workers=rule, row_factors=base_profile.row_factors)
+        # NOTE: a row factor scales a round's overhead too, so the overhead's column carries it
+        rounds = np.array([(int(item_rounds(p, t)[-1]) + 1) * row_factor(t, int(np.asarray(p.extents.length).max()))
+                           if p.n_items else 0 for p in plans], dtype=np.float64)
         return rounds, np.array([copy_end_us(p, t) for p in plans])
 
     def score(g, w):
