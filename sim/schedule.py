@@ -262,11 +262,15 @@ class Schedule:
     def digest(self) -> str:
         """sha256 of the canonical (format 2) document: a version 1 file and its
         format 2 form are one program and have one digest."""
-        # NOTE: the canonical document is one dict per op: built without full collections,
-        # which would walk a finished run's every live object (~10 % of a static run's CPU)
+        # NOTE: the canonical document is hashed as it is encoded, a batch of ops at a time
+        # (_DigestStream: the same text), not built whole: the whole document (one dict per op)
+        # and its text were the peak of a large run's memory.  Without full collections, which
+        # would walk a finished run's every live object (~10 % of a static run's CPU).
         with fewer_full_collections():
-            text = _canonical(self.to_json())
-        return hashlib.sha256(text.encode()).hexdigest()
+            d = _DigestStream(self.raw, self.hosts)
+            for op in self.ops:
+                d.add(op)
+            return d.hexdigest()
 
     def op(self, op_id: str) -> Op:
         for o in self.ops:
@@ -733,7 +737,7 @@ class ScheduleBuilder:
         self.count = 0                        # ops added
         self.unbound: list[dict] = []
         self._ids = set() if keep_ops else _IdSet()
-        self._digest = None if keep_ops else _DigestStream(self)
+        self._digest = None if keep_ops else _DigestStream(self.doc, self.hosts)
         self._last_record: dict[str, int] = {}
         self._last_on_stream: dict[str, int] = {}
         self._barriers: dict[str, dict] = {}     # instance -> {"hosts": tuple, "arrived": set}
@@ -992,16 +996,17 @@ def _canonical(doc) -> str:
 
 
 class _DigestStream:
-    """``Schedule.digest`` of a schedule whose ops are not kept: the canonical
-    document is hashed as it is built (its text up to the ops list, each op as
-    added, then the rest)."""
+    """``Schedule.digest``, hashed as the canonical document is encoded: its text up to
+    the ops list, each op as added (in batches), then the rest; ``raw`` is the document
+    (its ``ops`` are left out), ``hosts`` its hosts.  A builder that keeps no ops feeds
+    it as ops are added; ``Schedule.digest`` feeds it the schedule's ops."""
 
     _MARK = "kvrace-ops-go-here"   # a sentinel string where the ops list is cut out
 
-    def __init__(self, builder: "ScheduleBuilder"):
-        doc = {k: v for k, v in builder.doc.items() if k != "ops"}
+    def __init__(self, raw: dict, hosts):
+        doc = {k: v for k, v in raw.items() if k != "ops"}
         doc["kvrace_schedule"] = SCHEMA_VERSION
-        doc["hosts"] = list(builder.hosts)
+        doc["hosts"] = list(hosts)
         doc["ops"] = [self._MARK]
         text = _canonical(doc)
         cut = text.index(json.dumps(self._MARK))

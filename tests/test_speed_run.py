@@ -270,3 +270,28 @@ def test_equal_layouts_share_unit_selections_and_unequal_ones_do_not(monkeypatch
         assert op.extents[0].tolist() == lay.unit_offsets(1, np.array([3, 5])).tolist()
         assert op.extents[1].tolist() == [lay.unit_bytes] * 2
     assert len(schedule._SELECTIONS) == 2
+
+
+# ---- the schedule digest, hashed as it is encoded
+
+def _whole_document_digest(s) -> str:
+    """``Schedule.digest`` before: the canonical document built whole, then hashed."""
+    import hashlib
+
+    from sim.schedule import _canonical
+    return hashlib.sha256(_canonical(s.to_json()).encode()).hexdigest()
+
+
+@SETTINGS
+@given(any_schedule)
+def test_streamed_digest_equals_the_whole_documents(doc):
+    s = validate(doc)
+    assert s.digest() == _whole_document_digest(s)
+
+
+@pytest.mark.parametrize("n_ops", [0, 1, 255, 256, 257, 600])
+def test_streamed_digest_at_batch_edges(n_ops):
+    doc = _devices_doc(1, 200)
+    doc["ops"] = doc["ops"][:n_ops]
+    s = validate(doc)
+    assert len(s.ops) == n_ops and s.digest() == _whole_document_digest(s)
