@@ -9,13 +9,15 @@ TREE``, then any files changed).  For every repetition, every tree in turn runs,
 child process with ``PYTHONPATH`` and the working directory at the tree:
 
 * ``plain``: ``PrefillEngine(load_scenario(SCENARIO, ['run.duration_s=D']), keep='report').run()``,
-  CPU seconds (``time.process_time``) of the run alone;
+  CPU seconds (``time.process_time``) of the run alone, and the sha256 of its whole
+  ``EngineResult`` (every field but ``wall_time_s``, JSON with sorted keys): equal across
+  trees when no result changed;
 * ``profile``: the same run under ``cProfile``, then ``pstats`` of the top 25 by own time (the
   profile command of the work's brief), CPU seconds (user + system) of the whole child process.
 
 Repetitions interleave the trees, so a load that changes during the benchmark (a shared
-machine) falls on all of them; the table gives best-of-reps and every value, and the runs'
-requests and corrupted requests (equal across trees when results did not change).
+machine) falls on all of them; the table gives best-of-reps and every value, the runs'
+requests (corrupted), reads (stale, torn), latent races and the result's sha256 prefix.
 """
 from __future__ import annotations
 
@@ -29,15 +31,19 @@ import sys
 import time
 
 PLAIN = """
-import json, sys, time
+import dataclasses, hashlib, json, sys, time
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
 t = time.process_time()
 r = e.run()
 cpu = time.process_time() - t
+d = dataclasses.asdict(r)
+d.pop('wall_time_s')
+sha = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 print(json.dumps({{"cpu_s": cpu, "requests": r.requests_total, "corrupted": r.requests_corrupted,
-                  "sim_time_s": r.sim_time_s}}))
+                  "reads": r.reads_total, "stale": r.stale_reads, "torn": r.torn_reads,
+                  "latent_races": r.latent_races, "sim_time_s": r.sim_time_s, "result_sha256": sha}}))
 """
 
 PROFILE = """
@@ -88,14 +94,17 @@ def main(argv=None) -> None:
             print(f"rep {rep + 1} {t}: plain {rows[t]['plain'][-1:]} profile {rows[t]['profile'][-1:]}",
                   file=sys.stderr, flush=True)
     print(f"\n{args.scenario}, run.duration_s={args.duration}, best of {args.reps} (every value), CPU s\n")
-    print("| tree | plain run | profile command | requests (corrupted) |")
-    print("| --- | --- | --- | --- |")
+    print("| tree | plain run | profile command | requests (corrupted) | reads (stale, torn) | latent races "
+          "| result sha256 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for t in trees:
         r = rows[t]
         res = r["result"] or {}
         fmt = (lambda v: f"{min(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" if v else "-")
         print(f"| `{t}` | {fmt(r['plain'])} | {fmt(r['profile'])} | "
-              f"{res.get('requests', '-')} ({res.get('corrupted', '-')}) |")
+              f"{res.get('requests', '-')} ({res.get('corrupted', '-')}) | "
+              f"{res.get('reads', '-')} ({res.get('stale', '-')}, {res.get('torn', '-')}) | "
+              f"{res.get('latent_races', '-')} | {str(res.get('result_sha256', '-'))[:12]} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"scenario": args.scenario, "duration_s": args.duration, "reps": args.reps,
