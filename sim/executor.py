@@ -773,8 +773,7 @@ class Executor:
     def _capture(self, op):
         t = self.env.now
         offs, lens = op.extents
-        view = self.mem.view
-        views = [view(op.buffer, o, n) for o, n in zip(offs.tolist(), lens.tolist())]
+        views = self.mem.views(op.buffer, offs, lens)        # one per extent
         in_flight = []
         for cp in self.active:
             if cp.op.dst != op.buffer:
@@ -906,7 +905,7 @@ def run_reference(schedule: Schedule, *, materialise: bool = True, table=None) -
             mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
         elif op.op == "read":
             offs, lens = op.extents
-            views = [mem.view(op.buffer, o, n) for o, n in zip(offs.tolist(), lens.tolist())]
+            views = mem.views(op.buffer, offs, lens)
             reads.append(ReadCapture(op.id, op.index, op.stream, op.buffer, float(op.index), offs, lens,
                                      views))
     return RunResult(schedule, None, mem, reads, {}, [], [], 0.0)

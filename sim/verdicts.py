@@ -704,8 +704,7 @@ class OnlineVerdicts:
             if op.buffer in self._indet:
                 s, e, _ = _intersect_sets(rs, re_, *self._indet[op.buffer])
                 ind = merge_intervals(s, e) if s.size else None
-            view = self.ref.view
-            self._expected[op.index] = ([view(op.buffer, o, n) for o, n in zip(offs.tolist(), lens.tolist())], ind)
+            self._expected[op.index] = (self.ref.views(op.buffer, offs, lens), ind)
             accs = [(op.buffer, False, rs, re_)]
         else:
             return
