@@ -95,8 +95,10 @@ def _oracle(pages=8, layers=2, epu=4):
     return KVOracle({"r": ("b", lay)}, {"b": "kv"}, {"r": 1}), lay
 
 
-def test_written_forgets_every_page_a_write_touches():
+@pytest.mark.parametrize("few", [0, KVOracle.FEW_EXTENTS])       # numpy, then plain Python, for a few extents
+def test_written_forgets_every_page_a_write_touches(few):
     o, lay = _oracle()
+    o.FEW_EXTENTS = few
     assert o.judged("b")[0].size == lay.layers * lay.pages == 16
     key, n = o.judged("b")
     key[:] = 7
@@ -109,13 +111,18 @@ def test_written_forgets_every_page_a_write_touches():
     key[:] = 7
     o.written("b", np.array([0]), np.array([64 * 16]))                     # a whole-buffer copy
     assert (key == -1).all()
+    key[:] = 7
+    o.written("b", np.array([64 * 2 + 10, -64, 64 * 20]), np.array([64, 10, 64]))   # pages 2, 3; outside
+    assert np.flatnonzero(key == -1).tolist() == [2, 3]
     o2, _ = _oracle()
     o2.written("b", np.array([0]), np.array([64]))                         # nothing remembered yet: no arrays made
     assert "b" not in o2._judged
 
 
-def test_written_many_wide_extents_use_the_difference_array():
+@pytest.mark.parametrize("few", [0, KVOracle.FEW_EXTENTS])
+def test_written_many_wide_extents_use_the_difference_array(few):
     o, lay = _oracle(pages=4, layers=1)
+    o.FEW_EXTENTS = few
     key, _ = o.judged("b")
     key[:] = 1
     # wider in all than the buffer has pages: the marks are summed, not expanded

@@ -78,6 +78,8 @@ class KVOracle:
     PACK_LIMIT = 1 << 62
     #: sampled bytes checked at once (see check_reads)
     CHUNK_SAMPLES = 1 << 18
+    #: written(): up to this many extents are handled in plain Python
+    FEW_EXTENTS = 128
 
     def __init__(self, buffers: Mapping[str, tuple], kinds: Mapping[str, str], ratios: Mapping[str, int], *,
                  incremental: bool = True):
@@ -147,19 +149,32 @@ class KVOracle:
         key = got[0]
         o = np.asarray(offsets, np.int64).ravel()
         n = np.asarray(lengths, np.int64).ravel()
-        if o.size == 1:
-            # NOTE: most calls are one extent (a copy item landing, a one-page write): a slice
-            lo, hi = int(o[0]), int(o[0]) + int(n[0])
-            if hi > lo:
-                key[max(lo // ub, 0):min(-(-hi // ub), key.size)] = -1
+        if o.size <= self.FEW_EXTENTS:
+            # NOTE: most calls are a few extents (a copy item landing, a batch store's pages of
+            # one layer): plain Python, where numpy's per-call overhead would be most of the cost
+            size, one = key.size, []
+            for a, m in zip(o.tolist(), n.tolist()):
+                if m <= 0:
+                    continue
+                lo, hi = a // ub, -(-(a + m) // ub)
+                if hi - lo == 1 and 0 <= lo < size:
+                    one.append(lo)
+                else:
+                    key[min(max(lo, 0), size):min(max(hi, 0), size)] = -1
+            if one:
+                key[one] = -1
             return
-        g0 = np.clip(o // ub, 0, key.size)
-        g1 = np.clip(-(-(o + n) // ub), 0, key.size)
-        span = g1 - g0
-        if not (span > 0).all():                # empty extents, or past the buffer's end: nothing there
-            g0, g1, span = g0[span > 0], g1[span > 0], span[span > 0]
-            if not span.size:
+        g0 = o // ub
+        g1 = -(-(o + n) // ub)
+        # NOTE: the common case checked in plain comparisons (np.clip's overhead was most of a
+        # call): every extent non-empty and inside the buffer
+        if not (n.min() > 0 and g0.min() >= 0 and g1.max() <= key.size):
+            g0, g1 = np.minimum(np.maximum(g0, 0), key.size), np.minimum(np.maximum(g1, 0), key.size)
+            live = g1 > g0                      # empty extents, or past the buffer's end: nothing there
+            g0, g1 = g0[live], g1[live]
+            if not g0.size:
                 return
+        span = g1 - g0
         if int(span.max()) == 1:
             key[g0] = -1
             return
