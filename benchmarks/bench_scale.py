@@ -218,8 +218,16 @@ def main() -> None:
     ap.add_argument("--split", action="store_true",
                     help="for the first size's static document: CPU seconds per part (validation, the run "
                          "without verdicts, the run with them, the schedule digest, the report), best of three")
+    ap.add_argument("--ab", metavar="TREE",
+                    help="before/after: run every (mode, size) --repeat times in TREE (another source tree, "
+                         "e.g. `git archive <commit>` unpacked) and in this one, alternating, and print the "
+                         "best CPU seconds of each (on a shared machine repeats vary by up to 20 %%)")
+    ap.add_argument("--repeat", type=int, default=3, help="with --ab: runs per tree")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "OPS"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ab:
+        ab(Path(args.ab), args)
+        return
     if args.split:
         split(args.sizes[0], args.devices)
         return
@@ -268,6 +276,46 @@ def main() -> None:
                       flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"provenance": provenance(), "results": results}, indent=1))
+
+
+def _one(tree: Path, mode: str, n: int, devices: int, timeout: float) -> dict:
+    out = subprocess.run([sys.executable, str(tree / "benchmarks" / "bench_scale.py"), "--one", mode, str(n),
+                          "--devices", str(devices)], capture_output=True, text=True, timeout=timeout, cwd=tree)
+    if out.returncode != 0:
+        raise SystemExit(f"{tree}: {mode} {n} failed: {out.stderr.strip()[-400:]}")
+    return json.loads(out.stdout)
+
+
+def ab(before: Path, args) -> None:
+    """Before/after in alternation: ``--repeat`` runs of each (mode, size) in ``before`` and
+    in this tree; prints the best CPU seconds of each, the peak RSS and whether every run's
+    report sha256 is the same; ``--json`` keeps every run."""
+    here = Path(__file__).resolve().parents[1]
+    prov = provenance()
+    print(f"# before: {before}; after: {here} (code {prov['commit']}); {prov['machine']}, {prov['date']}, "
+          f"load average {prov['load_average']}; best of {args.repeat} CPU seconds, runs alternating")
+    print("| mode | ops | CPU s before | CPU s after | ops / CPU s before | ops / CPU s after | "
+          "peak RSS MiB before / after | report sha256 (all runs) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    runs = []
+    for n in args.sizes:
+        for mode in args.modes:
+            got = {"before": [], "after": []}
+            for _ in range(args.repeat):
+                for side, tree in (("before", before), ("after", here)):
+                    r = _one(tree, mode, n, args.devices, args.timeout)
+                    r["side"] = side
+                    got[side].append(r)
+                    runs.append(r)
+            b = min(got["before"], key=lambda r: r["cpu_s"])
+            a = min(got["after"], key=lambda r: r["cpu_s"])
+            shas = {r["report_sha256"] for r in got["before"] + got["after"]}
+            same = f"`{shas.pop()[:16]}…`" if len(shas) == 1 else f"DIFFER: {sorted(s[:12] for s in shas)}"
+            print(f"| {mode} | {a['ops']} | {b['cpu_s']} | {a['cpu_s']} | {b['ops_per_cpu_s']} | "
+                  f"{a['ops_per_cpu_s']} | {b['peak_rss_mib']} / {a['peak_rss_mib']} | {same} |", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"provenance": {**prov, "before_tree": str(before)},
+                                               "runs": runs}, indent=1))
 
 
 def provenance() -> dict:
