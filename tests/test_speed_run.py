@@ -295,3 +295,34 @@ def test_streamed_digest_at_batch_edges(n_ops):
     doc["ops"] = doc["ops"][:n_ops]
     s = validate(doc)
     assert len(s.ops) == n_ops and s.digest() == _whole_document_digest(s)
+
+
+# ---- a one-layer row copy's plan without the (items, layers) stack
+
+def _row_copy_before(src, dst, layers, s, d, item_bytes):
+    """``routines._row_copy`` before its one-layer path."""
+    n = s.size
+    keep = routines._kept(s, d)
+    nl = layers.size
+    so = np.stack([src.unit_offsets(int(L), s[keep]) for L in layers], axis=1) if keep.size else np.zeros((0, nl))
+    do = np.stack([dst.unit_offsets(int(L), d[keep]) for L in layers], axis=1) if keep.size else np.zeros((0, nl))
+    item = np.repeat(keep, nl)
+    length = np.full(item.size, item_bytes, dtype=np.int64)
+    return routines._extents(so.ravel(), do.ravel(), length, item, n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 7), st.integers(-2, 3)), max_size=6), st.integers(0, 1),
+       st.sampled_from([[0], [1], [0, 1], [1, 0]]))
+def test_row_copy_one_layer_path_equals_the_stack(pairs, which, layers):
+    h, _, g = _layouts()
+    src, dst = (h, g) if which else (g, h)
+    s = np.array([p[0] for p in pairs], np.int64)
+    d = np.array([p[1] for p in pairs], np.int64)
+    if not which:
+        s, d = np.clip(s, -2, 3), d
+    lay = np.array(layers, np.int64)
+    new, old = routines._row_copy(src, dst, lay, s, d, 64), _row_copy_before(src, dst, lay, s, d, 64)
+    for a, b in ((new.src, old.src), (new.dst, old.dst), (new.length, old.length), (new.item, old.item)):
+        assert a.dtype == b.dtype == np.int64 and a.tolist() == b.tolist() and a.flags.c_contiguous
+    assert new.n_items == old.n_items

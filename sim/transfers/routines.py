@@ -304,6 +304,11 @@ def _row_copy(src, dst, layers: np.ndarray, s: np.ndarray, d: np.ndarray,
     n = s.size
     keep = _kept(s, d)
     nl = layers.size
+    if nl == 1 and keep.size:
+        # NOTE: one layer (kernel_per_layer): its offsets are the extents, no (items, layers) stack
+        L = int(layers[0])
+        return _extents(src.unit_offsets(L, s[keep]), dst.unit_offsets(L, d[keep]),
+                        np.full(keep.size, item_bytes, dtype=np.int64), keep, n)
     so = np.stack([src.unit_offsets(int(L), s[keep]) for L in layers], axis=1) if keep.size else np.zeros((0, nl))
     do = np.stack([dst.unit_offsets(int(L), d[keep]) for L in layers], axis=1) if keep.size else np.zeros((0, nl))
     item = np.repeat(keep, nl)
