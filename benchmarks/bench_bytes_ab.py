@@ -13,7 +13,11 @@ child process with ``PYTHONPATH`` and the working directory at the tree:
   ``EngineResult`` (every field but ``wall_time_s``, JSON with sorted keys): equal across
   trees when no result changed;
 * ``profile``: the same run under ``cProfile``, then ``pstats`` of the top 25 by own time (the
-  profile command of the work's brief), CPU seconds (user + system) of the whole child process.
+  profile command of the work's brief), CPU seconds (user + system) of the whole child process;
+* ``writes`` (only when asked): the plain run with ``Memory.write_units`` timed, with the
+  compact model's few-pieces write paths on (as committed) and off (``FEW_PIECES = 0``,
+  ``FEW_SEGMENTS`` and ``FEW_EXTENTS`` out of reach: the general paths), CPU seconds of the
+  run and of its writes (both memories, the run's and the happens-before-order one).
 
 Repetitions interleave the trees, so a load that changes during the benchmark (a shared
 machine) falls on all of them; the table gives best-of-reps and every value, the runs'
@@ -46,6 +50,28 @@ print(json.dumps({{"cpu_s": cpu, "requests": r.requests_total, "corrupted": r.re
                   "latent_races": r.latent_races, "sim_time_s": r.sim_time_s, "result_sha256": sha}}))
 """
 
+WRITES = """
+import json, time
+import sim.bytes.compact as compact
+from sim.memory import Memory
+from sim.engine.engine import PrefillEngine
+from sim.engine.scenario import load_scenario
+if {off!r}:
+    compact.FEW_PIECES, compact.FEW_SEGMENTS, compact.FEW_EXTENTS = 0, 1 << 62, 0
+spent = [0.0, 0]
+write_units = Memory.write_units
+def timed(self, *a, **k):
+    t = time.process_time()
+    write_units(self, *a, **k)
+    spent[0] += time.process_time() - t
+    spent[1] += 1
+Memory.write_units = timed
+e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
+t = time.process_time()
+r = e.run()
+print(json.dumps({{"cpu_s": time.process_time() - t, "write_units_s": spent[0], "calls": spent[1]}}))
+"""
+
 PROFILE = """
 import cProfile, pstats
 from sim.engine.engine import PrefillEngine
@@ -72,11 +98,11 @@ def main(argv=None) -> None:
     ap.add_argument("--scenario", default="incident")
     ap.add_argument("--duration", type=float, default=3.0)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--modes", nargs="+", default=["plain", "profile"], choices=["plain", "profile"])
+    ap.add_argument("--modes", nargs="+", default=["plain", "profile"], choices=["plain", "profile", "writes"])
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     trees = [os.path.abspath(t) for t in args.trees]
-    rows = {t: {"plain": [], "profile": [], "result": None} for t in trees}
+    rows = {t: {"plain": [], "profile": [], "writes_on": [], "writes_off": [], "result": None} for t in trees}
     t0 = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     for rep in range(args.reps):
         for t in trees:
@@ -91,6 +117,12 @@ def main(argv=None) -> None:
                 prof = f"/tmp/bench_bytes_ab_{os.getpid()}.prof"
                 cpu, _ = _child(t, PROFILE.format(scenario=args.scenario, duration=args.duration, prof=prof))
                 rows[t]["profile"].append(round(cpu, 2))
+            if "writes" in args.modes:
+                for off in (False, True):
+                    _, out = _child(t, WRITES.format(scenario=args.scenario, duration=args.duration, off=off))
+                    got = json.loads(out.strip().splitlines()[-1])
+                    rows[t]["writes_off" if off else "writes_on"].append(
+                        [round(got["cpu_s"], 2), round(got["write_units_s"], 2), got["calls"]])
             print(f"rep {rep + 1} {t}: plain {rows[t]['plain'][-1:]} profile {rows[t]['profile'][-1:]}",
                   file=sys.stderr, flush=True)
     print(f"\n{args.scenario}, run.duration_s={args.duration}, best of {args.reps} (every value), CPU s\n")
@@ -105,6 +137,12 @@ def main(argv=None) -> None:
               f"{res.get('requests', '-')} ({res.get('corrupted', '-')}) | "
               f"{res.get('reads', '-')} ({res.get('stale', '-')}, {res.get('torn', '-')}) | "
               f"{res.get('latent_races', '-')} | {str(res.get('result_sha256', '-'))[:12]} |")
+    if "writes" in args.modes:
+        print("\nMemory.write_units with the few-pieces paths on / off: best run CPU s (its writes' CPU s, calls)\n")
+        print("| tree | on | off |\n| --- | --- | --- |")
+        for t in trees:
+            fmt = (lambda v: "{:.2f} ({:.2f}, {:,})".format(*min(v)) if v else "-")
+            print(f"| `{t}` | {fmt(rows[t]['writes_on'])} | {fmt(rows[t]['writes_off'])} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"scenario": args.scenario, "duration_s": args.duration, "reps": args.reps,
