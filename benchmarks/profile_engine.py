@@ -5,7 +5,8 @@
 Runs ``SCENARIO`` (default ``incident``) with ``run.duration_s = S`` (default 3) through the
 streaming engine (``keep="report"``) under cProfile and prints the CPU seconds (``process_time``,
 profiler included), then the cumulative time of each part of the hot path, with its share of the
-profiled total and the file that owns it, then the top ``N`` functions by own time.  The parts
+profiled total (CPU time: the profiler's clock is ``process_time``) and the file that owns it,
+then the top ``N`` functions by own time.  The parts
 overlap where one calls another (a write's race tracking happens inside the op's issue), so
 the shares do not add up to 100 %; each says what removing that part would save at most.
 A part is the cumulative time of one function, the largest of that name in its file.
@@ -50,7 +51,9 @@ def main(argv=None) -> int:
     from sim.engine.scenario import load_scenario
 
     e = PrefillEngine(load_scenario(a.scenario, [*a.set, f"run.duration_s={a.duration}"]), keep="report")
-    prof = cProfile.Profile()
+    # NOTE: the process's CPU clock, not the wall clock: on a shared machine the wall time of
+    # a function grows with the other processes' load
+    prof = cProfile.Profile(time.process_time)
     c0 = time.process_time()
     prof.enable()
     r = e.run()
