@@ -1,8 +1,9 @@
 """Before/after CPU seconds of the engine on source trees, interleaved (issue 9's speed work
 on the race tracker and the byte models).
 
-    python benchmarks/bench_bytes_ab.py TREE [TREE ...] [--scenario incident] [--duration 3]
-                                        [--reps 3] [--json OUT]
+    python benchmarks/bench_bytes_ab.py TREE [TREE ...] [--scenario incident] [--set KEY=VALUE]...
+                                        [--duration 3] [--reps 3] [--modes plain profile writes]
+                                        [--json OUT]
 
 Each TREE is a directory holding the repository's files (``git archive <commit> | tar -x -C
 TREE``, then any files changed).  For every repetition, every tree in turn runs, each in its own
@@ -38,7 +39,7 @@ PLAIN = """
 import dataclasses, hashlib, json, sys, time
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
-e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
+e = PrefillEngine(load_scenario({scenario!r}, {sets!r} + ['run.duration_s={duration}']), keep='report')
 t = time.process_time()
 r = e.run()
 cpu = time.process_time() - t
@@ -66,7 +67,7 @@ def timed(self, *a, **k):
     spent[0] += time.process_time() - t
     spent[1] += 1
 Memory.write_units = timed
-e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
+e = PrefillEngine(load_scenario({scenario!r}, {sets!r} + ['run.duration_s={duration}']), keep='report')
 t = time.process_time()
 r = e.run()
 print(json.dumps({{"cpu_s": time.process_time() - t, "write_units_s": spent[0], "calls": spent[1]}}))
@@ -76,7 +77,7 @@ PROFILE = """
 import cProfile, pstats
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
-e = PrefillEngine(load_scenario({scenario!r}, ['run.duration_s={duration}']), keep='report')
+e = PrefillEngine(load_scenario({scenario!r}, {sets!r} + ['run.duration_s={duration}']), keep='report')
 cProfile.run('r = e.run()', {prof!r})
 pstats.Stats({prof!r}).sort_stats('tottime').print_stats(25)
 """
@@ -97,6 +98,8 @@ def main(argv=None) -> None:
     ap.add_argument("trees", nargs="+")
     ap.add_argument("--scenario", default="incident")
     ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="scenario overrides, as `kvrace run --set`")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["plain", "profile"], choices=["plain", "profile", "writes"])
     ap.add_argument("--json", default=None)
@@ -107,7 +110,7 @@ def main(argv=None) -> None:
     for rep in range(args.reps):
         for t in trees:
             if "plain" in args.modes:
-                _, out = _child(t, PLAIN.format(scenario=args.scenario, duration=args.duration))
+                _, out = _child(t, PLAIN.format(scenario=args.scenario, duration=args.duration, sets=args.sets))
                 got = json.loads(out.strip().splitlines()[-1])
                 rows[t]["plain"].append(round(got.pop("cpu_s"), 2))
                 rows[t]["result"] = rows[t]["result"] or got
@@ -115,17 +118,20 @@ def main(argv=None) -> None:
                     raise SystemExit(f"{t}: results differ between repetitions: {got} vs {rows[t]['result']}")
             if "profile" in args.modes:
                 prof = f"/tmp/bench_bytes_ab_{os.getpid()}.prof"
-                cpu, _ = _child(t, PROFILE.format(scenario=args.scenario, duration=args.duration, prof=prof))
+                cpu, _ = _child(t, PROFILE.format(scenario=args.scenario, duration=args.duration, prof=prof,
+                                                  sets=args.sets))
                 rows[t]["profile"].append(round(cpu, 2))
             if "writes" in args.modes:
                 for off in (False, True):
-                    _, out = _child(t, WRITES.format(scenario=args.scenario, duration=args.duration, off=off))
+                    _, out = _child(t, WRITES.format(scenario=args.scenario, duration=args.duration, off=off,
+                                                     sets=args.sets))
                     got = json.loads(out.strip().splitlines()[-1])
                     rows[t]["writes_off" if off else "writes_on"].append(
                         [round(got["cpu_s"], 2), round(got["write_units_s"], 2), got["calls"]])
             print(f"rep {rep + 1} {t}: plain {rows[t]['plain'][-1:]} profile {rows[t]['profile'][-1:]}",
                   file=sys.stderr, flush=True)
-    print(f"\n{args.scenario}, run.duration_s={args.duration}, best of {args.reps} (every value), CPU s\n")
+    print(f"\n{args.scenario} {' '.join(args.sets)}, run.duration_s={args.duration}, best of {args.reps} "
+          "(every value), CPU s\n")
     print("| tree | plain run | profile command | requests (corrupted) | reads (stale, torn) | latent races "
           "| result sha256 |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -145,7 +151,7 @@ def main(argv=None) -> None:
             print(f"| `{t}` | {fmt(rows[t]['writes_on'])} | {fmt(rows[t]['writes_off'])} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"scenario": args.scenario, "duration_s": args.duration, "reps": args.reps,
+            json.dump({"scenario": args.scenario, "set": args.sets, "duration_s": args.duration, "reps": args.reps,
                        "started": t0, "machine": platform.platform(), "python": platform.python_version(),
                        "load_avg": os.getloadavg(), "trees": rows}, f, indent=1)
 
