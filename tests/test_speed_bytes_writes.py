@@ -51,7 +51,7 @@ def _pieces(rng, end, k, st, oid, so):
     return ns.astype(np.int64), ne.astype(np.int64), noid, nso
 
 
-@pytest.mark.parametrize("seed", range(150))
+@pytest.mark.parametrize("seed", range(100))
 def test_window_write_few_equals_window_write(seed):
     rng = np.random.default_rng(seed)
     end = int(rng.choice([8, 64, 4096]))
@@ -65,7 +65,7 @@ def test_window_write_few_equals_window_write(seed):
     assert all(x.dtype == np.int64 for x in got)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(-3, 70), st.integers(-2, 12), st.integers(-2, 40)), min_size=1, max_size=6),
        st.sampled_from(["int64", "int32", "list"]))
 def test_few_valid_extents_agrees_with_extents(rows, dtype):
@@ -93,7 +93,7 @@ step = st.tuples(st.integers(0, 2), st.lists(st.tuples(st.integers(0, 63), st.in
 
 
 @pytest.mark.parametrize("blocks", [None, 3])
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(steps=st.lists(step, min_size=1, max_size=25))
 def test_buffers_written_both_ways_hold_the_same_segments(blocks, steps):
     """Fills (many extents, any order, overlapping or not) and copies, with the few-pieces
