@@ -773,7 +773,9 @@ class Executor:
     def _capture(self, op):
         t = self.env.now
         offs, lens = op.extents
-        views = self.mem.views(op.buffer, offs, lens)        # one per extent
+        # one per extent; NOTE: Memory.views pays from a few extents on, one is sliced alone
+        views = ([self.mem.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
+                 else self.mem.views(op.buffer, offs, lens))
         in_flight = []
         for cp in self.active:
             if cp.op.dst != op.buffer:
