@@ -7,8 +7,8 @@ ones: what the four-parameter link model leaves over depends on the row size.  T
 by binomial likelihood over every point of the given measured sweeps,
 
 * one factor ``g_r`` per row size ``r`` (``link.row_factors``: a kernel copy's rounds take
-  ``g_r`` times as long; ``sim.transfers.timing.row_factor``), the smallest row's fixed at 1 (the
-  offsets carry the common level), and
+  ``g_r`` times as long; ``sim.transfers.timing.row_factor``), every one free (round 4; round 3
+  held the smallest row's at 1, ``reference``), and
 * one offset ``delta_b`` per bucket ``b`` of bytes beside (``BESIDE_UPTO``), added to the
   profile's plain read-skew table as in round 2,
 
@@ -17,6 +17,14 @@ from the profile's tables, ``x`` the copy's run after its launch with the profil
 no row factor).  Coordinate ascent: each bucket's offset over a grid given the factors, then
 each row's factor over a grid given the offsets, ``ROUNDS`` times; among equal likelihoods the
 value nearest the start (offset 0, factor 1) wins.
+
+NOTE: the common level needs no anchor row.  A factor scales the copy's run ``x`` and an offset
+adds a constant, and shapes of one bucket have different rows and so different ``x`` (512 B x
+1,024 and 128 B x 4,096 are both 512 KiB): moving every factor by one ratio changes each shape's
+window by ``(ratio - 1) f g_r x``, which no offset per bucket can undo, so the likelihood fixes the
+level itself.  Holding the smallest row at 1 (round 3) forced that row's shapes to be corrected
+by their buckets' offsets alone: 128 B x 4,096 at 30 us could then only open its window by
+closing 512 B x 1,024's at 10 us, and the fit chose the latter (GPU 0.08-0.23, model 0.00).
 
 The run-to-run jitter (``session_fit``) is then fitted with the new profile and written with it
 (``[fit.session] jitter_us``), for ``gpu_backend.agreement``.
@@ -78,11 +86,12 @@ def schedule_shape(doc: dict) -> tuple[int, int, float]:
     return row, sf._copy_bytes(doc), float(compute["duration_us"])
 
 
-def fit_rows(profile, sessions: list[dict], rounds: int = ROUNDS, schedules=()) -> dict:
+def fit_rows(profile, sessions: list[dict], rounds: int = ROUNDS, schedules=(), reference=None) -> dict:
     """Row factors and bucket offsets (module docstring) from the sessions' points, and from
     ``schedules``: ``(schedule document, [(stale trials, trials) per session])`` pairs of
     schedules with one copy and one compute op (the minimal race), each a point of its own row
-    size, bytes and compute time."""
+    size, bytes and compute time.  ``reference``: a row size whose factor is held at 1 (round
+    3's rule, with the smallest row); ``None`` (default) fits every row's factor."""
     from gpu_backend.calibrate.spread import race_doc
 
     base = replace(profile, timing=(), timing_beside=(), row_factors=())
@@ -130,7 +139,9 @@ def fit_rows(profile, sessions: list[dict], rounds: int = ROUNDS, schedules=()) 
                 vals = np.array([nll(mine, g, {**d, i: float(v)}) for v in offsets_grid])
                 best = np.flatnonzero(vals <= vals.min() + 1e-9)
                 d[i] = float(offsets_grid[best[np.argmin(np.abs(offsets_grid[best]))]])
-        for b in rows[1:]:
+        for b in rows:
+            if b == reference:
+                continue
             mine = [p for p in points if p[1] == b]
             vals = np.array([nll(mine, {**g, b: float(v)}, d) for v in FACTOR_GRID])
             best = np.flatnonzero(vals <= vals.min() + 1e-9)
@@ -201,6 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", help="a schedule with one copy and one compute op (the minimal race) ...")
     ap.add_argument("--replay", action="append", default=[],
                     help="... and one `kvrace replay --json` report of it per session (its stale trials)")
+    ap.add_argument("--reference-row", type=int, default=None,
+                    help="hold this row size's factor at 1 (round 3's rule); default: every factor free")
     args = ap.parse_args(argv)
     prof = load_profile(args.profile)
     sessions = read_sessions(args.sweep)
@@ -216,7 +229,7 @@ def main(argv=None) -> int:
                 r = json.load(f)["reads"][0]
             counts.append((int(r["stale_trials"]), int(r["trials"])))
         schedules.append((doc, counts))
-    fit = fit_rows(prof, sessions, schedules=schedules)
+    fit = fit_rows(prof, sessions, schedules=schedules, reference=args.reference_row)
     with open(args.profile) as f:
         text = f.read()
     what = args.what or "gpu_backend.calibrate.row_fit from " + ", ".join(args.sweep)
