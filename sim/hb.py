@@ -1094,6 +1094,7 @@ class RaceTracker:
         self._since_prune = 0                   # ops added since the last prune
         self._rows_since_prune = 0              # their intervals
         self._live_after_prune = 0
+        self._prune_floor = None                # floor_of's clock for the prune running
         self._seq = 0
 
     def add(self, op_index: int, comp: int, pos: int, clock: np.ndarray, accs: list, info=None) -> None:
@@ -1185,14 +1186,26 @@ class RaceTracker:
             entry = self.describe(entry, self.info.get(a), self.info.get(b))
         return entry
 
+    def floor_of(self, buf: str):
+        """A lower bound (a clock, as a list) of the clock of every op still to be issued
+        that can access ``buf``: here, of every op (:meth:`OnlineClocks.floor`).  A
+        tracker that knows which streams can still access a buffer (a static schedule's:
+        ``sim.verdicts.StaticRaceTracker``) overrides it; :meth:`prune` drops a buffer's
+        accesses that happen before it."""
+        if self._prune_floor is None:
+            self._prune_floor = self.clocks.floor().tolist()
+        return self._prune_floor
+
     def prune(self) -> None:
-        """Drop the accesses that happen before every op still to be issued."""
+        """Drop, per buffer, the accesses that happen before every op still to be issued
+        that can access the buffer (:meth:`floor_of`)."""
         self._since_prune = self._rows_since_prune = 0
-        floor = self.clocks.floor().tolist()
+        self._prune_floor = None
         alive_ops = set()
-        for lb in self.live.values():
-            lb.keep_after(floor)
-            alive_ops.update([row[2] for row in lb.rows])
+        for buf, lb in self.live.items():
+            if lb.rows:
+                lb.keep_after(self.floor_of(buf))
+                alive_ops.update([row[2] for row in lb.rows])
         self._live_after_prune = self.live_accesses()
         for i in [i for i in self._accs if i not in alive_ops]:
             del self._accs[i]

@@ -555,9 +555,8 @@ class StaticRaceTracker(RaceTracker):
     of its buffer, so every race is still found (``tests/test_speed_run.py`` checks
     the races, totals and listed entries against ``RaceTracker`` on random schedules).
 
-    NOTE: this reaches into ``RaceTracker``'s live state (``live``, ``_accs``, ``info``,
-    the prune counters) and ``OnlineClocks``' (``last``, ``hc``): it replaces
-    ``RaceTracker.prune`` only, with the same bookkeeping and a floor per buffer."""
+    It overrides :meth:`~sim.hb.RaceTracker.floor_of` only; ``RaceTracker.prune``
+    applies it buffer by buffer."""
 
     #: pruned less often than ``RaceTracker``: with a floor per buffer the live set stays a
     #: few hundred accesses, and a prune's cost is per buffer, not per live access
@@ -581,7 +580,7 @@ class StaticRaceTracker(RaceTracker):
         self._at = op_index
         super().add(op_index, comp, pos, clock, accs, info)
 
-    def _floor(self, buf: str) -> list:
+    def floor_of(self, buf: str) -> list:
         """A lower bound of the clock of every op after ``_at`` that accesses ``buf``."""
         cl = self.clocks
         lows, no_op_yet = [], False
@@ -597,19 +596,6 @@ class StaticRaceTracker(RaceTracker):
         if not lows:
             return [_NEVER] * cl.n_comp
         return np.minimum.reduce(lows).tolist()
-
-    def prune(self) -> None:
-        """Drop, per buffer, the accesses that happen before every later op accessing it."""
-        self._since_prune = self._rows_since_prune = 0
-        alive_ops = set()
-        for buf, lb in self.live.items():
-            if lb.rows:
-                lb.keep_after(self._floor(buf))
-                alive_ops.update([row[2] for row in lb.rows])
-        self._live_after_prune = self.live_accesses()
-        for i in [i for i in self._accs if i not in alive_ops]:
-            del self._accs[i]
-            self.info.pop(i, None)
 
 
 class OnlineVerdicts:
