@@ -163,6 +163,7 @@ class Memory:
             self._init_buffer(name, spec)
         self._same_start = {}
         self.arena = _arena(buffers)
+        self._watchers: list = []                # (callback, buffer names or None): see watch
 
     def copy_compact(self) -> "Memory":
         """A compact-only Memory holding this one's current contents, sharing its origin
@@ -174,6 +175,7 @@ class Memory:
         out.material = None
         out.arena = self.arena
         out._same_start = {}
+        out._watchers = []
         return out
 
     # ---------------------------------------------------------------- setup
@@ -228,9 +230,29 @@ class Memory:
             yield self.material[name]
 
     # ---------------------------------------------------------------- mutation
+    def watch(self, callback, buffers=None) -> None:
+        """Call ``callback(buffer, offsets, lengths)`` (int64 arrays) right after each
+        mutation of a buffer in ``buffers`` (default: any) through :meth:`write_units` or
+        :meth:`apply_copy` (the only ways a run changes its memory's bytes);
+        ``[offsets, offsets + lengths)`` covers every byte written (a copy's whole selected
+        extents: an over-approximation where part of one lies past the destination's end).
+        A watcher that forgets what it derived from those bytes never holds a stale
+        conclusion (the KV oracle's remembered verdicts, ``sim.engine.oracle``)."""
+        self._watchers.append((callback, None if buffers is None else frozenset(buffers)))
+
+    def _notify(self, name: str, offsets, lengths) -> None:
+        for callback, names in self._watchers:
+            if names is None or name in names:
+                callback(name, offsets, lengths)
+
     def apply_copy(self, src: str, dst: str, c: Clipped, sel=slice(None), done=None) -> None:
         """Apply extents ``sel`` of a clipped copy; ``done`` (bytes per selected
         extent) applies only that prefix of each (an in-flight item)."""
+        self._apply_copy(src, dst, c, sel, done)
+        if self._watchers:
+            self._notify(dst, c.dst[sel], c.length[sel])
+
+    def _apply_copy(self, src: str, dst: str, c: Clipped, sel, done) -> None:
         if done is None:
             a, b, step = sel.indices(c.copy_len.size)
             if b - a == 1 and step == 1:                     # one extent: plain integers
@@ -268,9 +290,11 @@ class Memory:
                     version: int) -> None:
         spec = self.specs[name]
         origin = Origin(spec.kind, layer, owner, version, spec.layout.unit_bytes)
+        offsets, lengths = np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
         for m in self._models(name):
-            m.fill(np.asarray(offsets, np.int64), np.asarray(lengths, np.int64), origin,
-                   np.asarray(units, np.int64) * spec.layout.unit_bytes)
+            m.fill(offsets, lengths, origin, np.asarray(units, np.int64) * spec.layout.unit_bytes)
+        if self._watchers:
+            self._notify(name, offsets, lengths)
 
     # ---------------------------------------------------------------- views
     def view(self, name: str, offset: int, nbytes: int) -> "View":

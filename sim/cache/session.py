@@ -553,32 +553,14 @@ class CacheSession:
         """Call ``callback(buffer, offsets, lengths)`` (int64 arrays) right after each
         mutation of the run's memory (:attr:`memory`) in one of ``buffers`` (default: any): a
         ``write`` op applied, or a copy's landed items applied to its destination;
-        ``[offsets, offsets + lengths)`` covers every byte it wrote (a copy's whole extents:
-        an over-approximation where part of an extent lies past the destination's end).  What a memory's bytes are can change only there, so
-        a watcher that forgets what it derived from the bytes it is told about never holds a
-        stale conclusion (the KV oracle's remembered verdicts, ``sim.engine.oracle``).
-
-        NOTE: the executor mutates its ``Memory`` only through ``write_units`` and
-        ``apply_copy``; the watcher wraps those two methods of this session's memory (an
-        instance attribute each: other memories, e.g. the happens-before-order one, are not
-        affected)."""
+        ``[offsets, offsets + lengths)`` covers every byte it wrote (``Memory.watch``: a
+        copy's whole extents, an over-approximation where part of an extent lies past the
+        destination's end).  What a memory's bytes are can change only there, so a watcher
+        that forgets what it derived from the bytes it is told about never holds a stale
+        conclusion (the KV oracle's remembered verdicts, ``sim.engine.oracle``).  Other
+        memories (the happens-before-order one) are not watched."""
         self._open()
-        mem = self._ex.mem
-        write_units, apply_copy = mem.write_units, mem.apply_copy
-
-        names = None if buffers is None else frozenset(buffers)
-
-        def watched_write_units(name, layer, units, offsets, lengths, owner, version):
-            write_units(name, layer, units, offsets, lengths, owner, version)
-            if names is None or name in names:
-                callback(name, offsets, lengths)
-
-        def watched_apply_copy(src, dst, c, sel=slice(None), done=None):
-            apply_copy(src, dst, c, sel, done)
-            if names is None or dst in names:
-                callback(dst, c.dst[sel], c.length[sel])
-
-        mem.write_units, mem.apply_copy = watched_write_units, watched_apply_copy
+        self._ex.mem.watch(callback, buffers)
 
     def finish(self) -> RunResult:
         """Let every issued op complete (as a static run ends) and return the run; its
