@@ -37,13 +37,11 @@ PROFILES = {"sglang": "sim/profiles/h200-calibrated-sglang.toml", "builtin": "si
 GRID = {"sglang": ((128, 256, 512, 1024), (64, 256, 1024, 4096), (3.0, 10.0, 30.0)),
         "builtin": ((64, 128, 136, 256, 512, 1024), (64, 256, 1024, 4096), (3.0, 10.0, 30.0))}
 
-_ROW_ANCHOR = ("the model's window at 128 B x 4,096 closes before 30 us: the row fit holds the smallest row's "
-               "factor at 1 and this shape's bucket of bytes beside (512 KiB) is shared with 512 B x 1,024, which "
-               "needs the opposite shift; the GPU was stale in 8, 7, 23 and 16 of 100 trials in four sessions")
-#: (provider, (bytes per token, tokens, compute us)) -> why it missed in the verification run of
-#: round 3 (row factors and the run-to-run spread; b7891e6, results/gpu_fidelity.md).  The points
-#: that missed in round 2 and agree now are no longer listed.
-KNOWN_MISSES = {("sglang", (128, 4096, 30.0)): _ROW_ANCHOR}
+#: (provider, (bytes per token, tokens, compute us)) -> why it missed in the latest verification
+#: run on the H200 (round 4: every row's factor free; 8441268, results/fidelity/round4/): none
+#: missed there.  Round 3's one miss (sglang 30 us, 128 B x 4,096: the row fit then held the
+#: smallest row's factor at 1) agreed (GPU 0.05, simulated 0.16) and is no longer listed.
+KNOWN_MISSES: dict = {}
 
 _measured: dict = {}
 
