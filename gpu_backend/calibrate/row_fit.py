@@ -22,7 +22,8 @@ NOTE: the common level needs no anchor row.  A factor scales the copy's run ``x`
 adds a constant, and shapes of one bucket have different rows and so different ``x`` (512 B x
 1,024 and 128 B x 4,096 are both 512 KiB): moving every factor by one ratio changes each shape's
 window by ``(ratio - 1) f g_r x``, which no offset per bucket can undo, so the likelihood fixes the
-level itself.  Holding the smallest row at 1 (round 3) forced that row's shapes to be corrected
+level itself, if weakly: the ascent from factor 1 finds a local maximum, and on some subsets of
+the sessions a start with every factor near 1.3 ends higher (docs/timing.md, "Round 4").  Holding the smallest row at 1 (round 3) forced that row's shapes to be corrected
 by their buckets' offsets alone: 128 B x 4,096 at 30 us could then only open its window by
 closing 512 B x 1,024's at 10 us, and the fit chose the latter (GPU 0.08-0.23, model 0.00).
 
