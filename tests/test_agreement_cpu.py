@@ -176,3 +176,36 @@ def test_row_fit_writes_a_profile_the_simulator_reads():
     tables = doc["timing"]["beside"]["read_after_compute_us"]["tables"]
     assert np.allclose(tables[3], np.maximum(np.array(plain) + 0.5, 0), atol=1e-4)
     assert new.count("\n[fit.rows]\n") == 1 and new.count("row_factors = [") == 2   # [link] and [fit.rows]
+
+
+def test_row_fit_frees_the_smallest_row():
+    """Round 4: two shapes of one bucket of bytes beside (128 B x 4,096 and 512 B x 1,024, both
+    512 KiB) whose windows need opposite moves.  Counts drawn from the fit's own rule with the
+    128 B row's factor at 1.3: fitting every factor recovers it (and the counts); holding the
+    smallest row at 1 (round 3's rule) cannot, and its likelihood is worse."""
+    from dataclasses import replace
+
+    from gpu_backend.calibrate import spread_fit as sf
+    from gpu_backend.calibrate.row_fit import fit_rows
+    from gpu_backend.calibrate.spread import race_doc
+    from sim.profile import load_profile
+
+    prof = load_profile("sim/profiles/h200-calibrated-sglang.toml")
+    base = replace(prof, timing=(), timing_beside=(), row_factors=())
+    skew = np.asarray(prof.timing_table("read_after_compute_us").values, float)
+    rate = np.asarray(prof.timing_table("copy_rate_factor").values, float)
+    lead = base.launch_us - base.kernel_launch_us
+    truth = {128: 1.3, 512: 1.0}
+    session = {}
+    for b, t in ((128, 4096), (512, 1024), (128, 64), (512, 64)):
+        x = sf._copy_end(race_doc(b, t, 1.0), base) - base.launch_us
+        margins = sf.stale_probability(lambda f: f * truth[b] * x + lead, skew, rate)
+        for q in (0.2, 0.5, 0.8):      # compute times where the true window is intermediate
+            c = float(np.quantile(margins, 1 - q))
+            session[(b, t, round(c, 3))] = (int(round(float(sf.stale_at(margins, round(c, 3))) * 400)), 400)
+    free = fit_rows(prof, [session], rounds=4)
+    held = fit_rows(prof, [session], rounds=4, reference=128)
+    g = dict(free["row_factors"])
+    assert abs(g[128] / g[512] - 1.3) <= 0.05, free["row_factors"]
+    assert dict(held["row_factors"])[128] == 1.0
+    assert free["nll"] < held["nll"] - 1.0, (free["nll"], held["nll"])
