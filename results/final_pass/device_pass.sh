@@ -20,7 +20,7 @@ rp() {  # example, json out, provider
   for p in sglang builtin torch; do rp examples/window_load_back_race.json "$R/window/window_$p.json" $p; done; } > "$R/window/window_replay.txt"
 { hdr "the commands after each == line"
   for p in sglang builtin torch; do rp examples/engine_22811_window.json "$R/engine_window/engine_window_$p.json" $p; done; } > "$R/engine_window/engine_window_replay.txt"
-RUN="python3 -m kvrace run glm5-22811-small --set run.layers=2 --set variant.gate_map=upstream-0.5.11 --set scheduler.event_loop=overlap --set workload.sessions=5 --set workload.max_turns=3 --set workload.concurrency=4 --set scheduler.max_total_tokens=1536 --set workload.max_context_tokens=1472 --set variant.hypotheses=load-unfenced --export-races $R/overlap --export-limit 3 --progress never --fail-on none"
+RUN="python3 -m kvrace run glm5-22811-small --set run.layers=5 --set variant.gate_map=upstream-0.5.11 --set scheduler.event_loop=overlap --set workload.sessions=5 --set workload.max_turns=3 --set workload.concurrency=4 --set scheduler.max_total_tokens=1536 --set workload.max_context_tokens=1472 --set variant.hypotheses=load-unfenced --export-races $R/overlap --export-limit 3 --progress never --fail-on none"
 { hdr "the commands after each == line"
   echo "== $RUN"; $RUN 2>&1 | tail -25
   for w in "$R/overlap"/race_*.json; do for p in sglang builtin; do rp "$w" "$R/overlap/$(basename "$w" .json)_$p.report.json" $p; done; done; } > "$R/overlap/overlap_replay.txt"
