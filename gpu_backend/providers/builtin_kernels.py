@@ -252,23 +252,6 @@ __device__ __forceinline__ void warp_copy_any(int lane, const char* s, char* d, 
   const long long* layers = reinterpret_cast<const long long*>((p).layer_ids);            \
   const Lay sl = src_lay(p), dl = dst_lay(p)
 
-extern "C" __global__ void __launch_bounds__(1024) kvr_rows(const Params p) {
-  KVR_WARP_PROLOGUE(p);
-  for (long long r = 0; r < p.items_per_warp; ++r) {
-    const long long item = r * warps + warp;
-    if (item >= p.n_items) break;
-    const long long si = floor_div(si_arr[item * p.index_stride], p.index_div);
-    const long long di = floor_div(di_arr[item * p.index_stride], p.index_div);
-    if (si < 0 || di < 0) continue;
-    for (long long k = 0; k < p.n_layers; ++k) {
-      const long long layer = layers[k];
-      const char* s = reinterpret_cast<const char*>(p.src) + unit_off(sl, layer, si);
-      char* d = reinterpret_cast<char*>(p.dst) + unit_off(dl, layer, di);
-      warp_copy_batched<KVR_BATCH>(lane, s, d, p.item_bytes);
-    }
-  }
-}
-
 // One warp copies nbytes in 16-byte words, KVR_WIDE_K per lane in flight (the item's words land
 // in the order word j = step * 32 + lane); 8-byte words when the item or an address is not 16-byte
 // aligned (the item is always a multiple of 8: supports() checks it).
@@ -295,9 +278,10 @@ __device__ __forceinline__ void warp_copy_wide(int lane, const char* s, char* d,
   }
 }
 
-// kvr_rows for copies of at least WIDE_MIN_BYTES: the same item order (item = round * warps + warp)
-// on a grid of one 1,024-thread block per SM, with warp_copy_wide.
-extern "C" __global__ void __launch_bounds__(1024) kvr_rows_wide(const Params p) {
+// the row kernels' item loop: item = round * warps + warp, each item's layers in order, copied by
+// warp_copy_wide (WIDE) or warp_copy_batched<KVR_BATCH>
+template <bool WIDE>
+__device__ __forceinline__ void kvr_rows_loop(const Params& p) {
   KVR_WARP_PROLOGUE(p);
   for (long long r = 0; r < p.items_per_warp; ++r) {
     const long long item = r * warps + warp;
@@ -309,10 +293,20 @@ extern "C" __global__ void __launch_bounds__(1024) kvr_rows_wide(const Params p)
       const long long layer = layers[k];
       const char* s = reinterpret_cast<const char*>(p.src) + unit_off(sl, layer, si);
       char* d = reinterpret_cast<char*>(p.dst) + unit_off(dl, layer, di);
-      warp_copy_wide(lane, s, d, p.item_bytes);
+      if (WIDE) {
+        warp_copy_wide(lane, s, d, p.item_bytes);
+      } else {
+        warp_copy_batched<KVR_BATCH>(lane, s, d, p.item_bytes);
+      }
     }
   }
 }
+
+extern "C" __global__ void __launch_bounds__(1024) kvr_rows(const Params p) { kvr_rows_loop<false>(p); }
+
+// kvr_rows for copies of at least WIDE_MIN_BYTES: the same item order (item = round * warps + warp)
+// on a grid of one 1,024-thread block per SM, with warp_copy_wide.
+extern "C" __global__ void __launch_bounds__(1024) kvr_rows_wide(const Params p) { kvr_rows_loop<true>(p); }
 
 extern "C" __global__ void __launch_bounds__(1024) kvr_dsv4(const Params p) {
   KVR_WARP_PROLOGUE(p);
