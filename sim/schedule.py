@@ -576,11 +576,14 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
                              f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
         total = 0
         for k, x in enumerate(r):
-            ok = (isinstance(x, list) and len(x) == 2
-                  and all(isinstance(y, int) and not isinstance(y, bool) for y in x))
-            if not ok:
-                raise InputError(f"{where}.ranges[{k}]",
-                                 f"expected an [offset, nbytes] pair of integers, got {show(x)}")
+            # NOTE: exact types first (a pair of plain ints: every range an engine issues), the
+            # general test (int subclasses but bool) only for the rest: the same pairs pass
+            if not (type(x) is list and len(x) == 2 and type(x[0]) is int and type(x[1]) is int):
+                ok = (isinstance(x, list) and len(x) == 2
+                      and all(isinstance(y, int) and not isinstance(y, bool) for y in x))
+                if not ok:
+                    raise InputError(f"{where}.ranges[{k}]",
+                                     f"expected an [offset, nbytes] pair of integers, got {show(x)}")
             o, n = x
             if not (0 <= o and 0 < n and o + n <= buf.nbytes):
                 raise InputError(f"{where}.ranges[{k}]",

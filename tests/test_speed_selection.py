@@ -3,6 +3,7 @@ without a key list, a memoisable list's range checked once, shared read-only len
 ``_normalise_args``'s shallow copy give exactly what the paths they replace give: the same
 arrays, totals and InputError messages, on random selections (good and bad) and on random
 schedules."""
+import enum
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -93,11 +94,19 @@ def _buffers():
 
 _index = st.one_of(st.integers(-3, 70), st.booleans(), st.just(2 ** 63), st.just(-(2 ** 63) - 1),
                    st.just(1.0), st.just("1"), st.none())
+class _Eight(enum.IntEnum):
+    """An int subclass that is not bool: the general test of a range pair accepts it."""
+    EIGHT = 8
+
+
 _index_list = st.one_of(st.lists(st.integers(0, 40), max_size=70), st.lists(_index, max_size=6),
                         st.fixed_dictionaries({"start": st.integers(-2, 10), "count": st.integers(-1, 8)}),
                         st.just("x"), st.none())
 _ranges = st.one_of(st.lists(st.lists(st.integers(-2, 5000), min_size=2, max_size=2), max_size=4),
-                    st.lists(st.one_of(st.just([0, True]), st.just([1]), st.just("r")), max_size=2), st.just(3))
+                    st.lists(st.one_of(st.just([0, True]), st.just([1]), st.just("r"), st.just((0, 8)),
+                                       st.just([_Eight.EIGHT, 8]), st.just([0, 2 ** 70]), st.just([0.0, 8])),
+                             max_size=3),
+                    st.just(3))
 
 
 @st.composite
@@ -205,3 +214,20 @@ def test_selection_fast_path_at_every_edge():
                         assert _outcome(schedule._selection, d, buf, allow_ranges) == before, d
                         cases += 1
     assert cases > 1000
+
+
+def test_range_pairs_fast_path_at_every_edge():
+    """A read's ranges: plain int pairs (the exact-type path) and every pair the general
+    test decides (bools, an int subclass, tuples, floats, huge ints, wrong lengths): the
+    same outcome as the replaced path."""
+    pairs = [[0, 8], [0, True], [False, 8], [True, True], [_Eight.EIGHT, 8], [0, _Eight.EIGHT], (0, 8),
+             [0.0, 8], [0, 8.0], [0, 2 ** 70], [2 ** 63, 1], [0], [0, 8, 1], [], "r", None, [-1, 8], [0, 0]]
+    cases = 0
+    for buf in _buffers().values():
+        for p in pairs:
+            for ranges in ([p], [[0, 8], p], [p, [0, 8]]):
+                d = {"ranges": ranges}
+                before = _outcome(_selection_before, d, buf, True)
+                assert _outcome(schedule._selection, d, buf, True) == before, d
+                cases += 1
+    assert cases > 50
