@@ -66,3 +66,22 @@ def run_subcommand(add_parser, command: str, *argv) -> int:
     add_parser(sub, "exit codes: ...")
     args = p.parse_args([command, *argv])
     return args.func(args)
+
+
+def track_races(s, limit):
+    """A ``RaceTracker`` fed every op of the validated schedule ``s`` in issue order (its
+    accesses grouped by op, clocks from ``OnlineClocks``), pruning as early as allowed
+    (``PRUNE_EVERY = 1``): what the race-tracker tests compare with ``race_scan``."""
+    from sim.hb import OnlineClocks, RaceTracker, accesses
+
+    clocks = OnlineClocks(s.streams, s.hosts)
+    tracker = RaceTracker(clocks, limit)
+    tracker.PRUNE_EVERY = 1                      # drop accesses as early as possible
+    by_op: dict[int, list] = {}
+    for acc in accesses(s):
+        by_op.setdefault(acc.op, []).append((acc.buffer, acc.write, acc.starts, acc.ends))
+    for op in s.ops:
+        comp, pos, clock = clocks.add(op)
+        tracker.add(op.index, comp, pos, clock, by_op.get(op.index, []))
+    return tracker
+

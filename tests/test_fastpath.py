@@ -14,11 +14,11 @@ import sim.transfers.routines as routines
 from sim.bytes.compact import CompactBuffer, OriginTable
 from sim.bytes.pattern import Origin
 from sim.executor import Executor, run_schedule
-from sim.hb import HappensBefore, OnlineClocks, RaceTracker, _LiveBuffer, accesses, race_scan
+from sim.hb import HappensBefore, _LiveBuffer, race_scan
 from sim.memory import Memory
 from sim.schedule import validate
 from sim.verdicts import analyse
-from tests.helpers import profile
+from tests.helpers import profile, track_races
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
@@ -95,15 +95,7 @@ def test_race_tracker_bucket_index_equals_race_scan(doc, limit, shift, max_bucke
     try:
         mp.setattr(_LiveBuffer, "BUCKET_SHIFT", shift)
         mp.setattr(_LiveBuffer, "MAX_BUCKETS", max_buckets)
-        clocks = OnlineClocks(s.streams, s.hosts)
-        tracker = RaceTracker(clocks, limit)
-        tracker.PRUNE_EVERY = 1
-        by_op: dict[int, list] = {}
-        for acc in accesses(s):
-            by_op.setdefault(acc.op, []).append((acc.buffer, acc.write, acc.starts, acc.ends))
-        for op in s.ops:
-            comp, pos, clock = clocks.add(op)
-            tracker.add(op.index, comp, pos, clock, by_op.get(op.index, []))
+        tracker = track_races(s, limit)
     finally:
         mp.undo()
     assert tracker.total == scan.total

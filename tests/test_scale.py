@@ -15,11 +15,11 @@ from sim.bytes.compact import CompactBuffer, OriginTable, _coalesce_mask
 from sim.bytes.pattern import Origin
 from sim.errors import InputError
 from sim.executor import run_programs, run_schedule
-from sim.hb import HappensBefore, OnlineClocks, RaceTracker, accesses, race_scan
+from sim.hb import HappensBefore, OnlineClocks, RaceTracker, race_scan
 from sim.schedule import ScheduleBuilder, validate
 from sim.verdicts import analyse
 from sim.window import cut_window
-from tests.helpers import profile
+from tests.helpers import profile, track_races
 from tests.strategies import EVENTS, STREAMS, base_buffers, rich_schedules, schedules
 from tests.test_host_programs_property import HOSTS, program, step
 
@@ -88,15 +88,7 @@ def test_race_tracker_equals_race_scan(doc, limit):
     race_scan's: the same total and the same listed pairs, in the same order."""
     s = validate(doc)
     scan = race_scan(s, HappensBefore(s), limit)
-    clocks = OnlineClocks(s.streams, s.hosts)
-    tracker = RaceTracker(clocks, limit)
-    tracker.PRUNE_EVERY = 1                      # drop accesses as early as possible
-    by_op: dict[int, list] = {}
-    for acc in accesses(s):
-        by_op.setdefault(acc.op, []).append((acc.buffer, acc.write, acc.starts, acc.ends))
-    for op in s.ops:
-        comp, pos, clock = clocks.add(op)
-        tracker.add(op.index, comp, pos, clock, by_op.get(op.index, []))
+    tracker = track_races(s, limit)
     assert tracker.total == scan.total
     got = [(e["buffer"], e["ops"], e["bytes"], e["n_ranges"]) for e in tracker.listed(limit)]
     want = [(r["buffer"], r["ops"], r["bytes"], r["n_ranges"]) for r in scan.races]

@@ -8,8 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.hb import HappensBefore, OnlineClocks, RaceTracker, _LiveBuffer, accesses, merge_intervals, race_scan
+from sim.hb import HappensBefore, _LiveBuffer, merge_intervals, race_scan
 from sim.schedule import validate
+from tests.helpers import track_races
 from tests.strategies import rich_schedules, schedules
 
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -100,15 +101,7 @@ def test_race_tracker_vectorised_equals_race_scan(doc, limit, shift, numpy_rows)
         mp.setattr(_LiveBuffer, "BUCKET_SHIFT", shift)
         mp.setattr(_LiveBuffer, "MAX_BUCKETS", 1)
         mp.setattr(_LiveBuffer, "NUMPY_ROWS", numpy_rows)
-        clocks = OnlineClocks(s.streams, s.hosts)
-        tracker = RaceTracker(clocks, limit)
-        tracker.PRUNE_EVERY = 1
-        by_op: dict[int, list] = {}
-        for acc in accesses(s):
-            by_op.setdefault(acc.op, []).append((acc.buffer, acc.write, acc.starts, acc.ends))
-        for op in s.ops:
-            comp, pos, clock = clocks.add(op)
-            tracker.add(op.index, comp, pos, clock, by_op.get(op.index, []))
+        tracker = track_races(s, limit)
     finally:
         mp.undo()
     assert tracker.total == scan.total
