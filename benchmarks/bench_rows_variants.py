@@ -186,6 +186,17 @@ def launch_shape(name: str, per_sm, threads: int, n_items: int, sm_count: int) -
     return blocks, threads, -(-n_items // warps)
 
 
+def _kernel_args(torch, bmod, routine, src, dst, src_l, dst_l, args, device):
+    """The builtin provider's kernel parameters for one copy, its index arrays on the device
+    (``keep``: hold them while the kernel may run) and the parameter values pointing at them."""
+    kp = bmod.kernel_params(routine, src, dst, src_l, dst_l, args)
+    keep = [torch.from_numpy(np.ascontiguousarray(kp.src_idx)).to(device),
+            torch.from_numpy(np.ascontiguousarray(kp.dst_idx)).to(device),
+            torch.tensor(kp.layers, dtype=torch.int64).to(device)]
+    vals = dict(kp.values, src_idx=keep[0].data_ptr(), dst_idx=keep[1].data_ptr(), layer_ids=keep[2].data_ptr())
+    return kp, keep, vals
+
+
 def run(out: Path, quick: bool) -> dict:
     import torch
     from cuda.bindings import driver
@@ -242,12 +253,7 @@ def run(out: Path, quick: bool) -> dict:
                 row["sglang_gbps"] = nbytes / float(np.median(timer.times_us(fn, reps, wu))) / 1e3
             except Exception as e:  # noqa: BLE001 - a refusal is reported, not fatal
                 row["sglang_note"] = str(e)[:200]
-        kp = bmod.kernel_params(routine, src, dst, src_l, dst_l, args)
-        keep = [torch.from_numpy(np.ascontiguousarray(kp.src_idx)).to(device),
-                torch.from_numpy(np.ascontiguousarray(kp.dst_idx)).to(device),
-                torch.tensor(kp.layers, dtype=torch.int64).to(device)]
-        base_vals = dict(kp.values, src_idx=keep[0].data_ptr(), dst_idx=keep[1].data_ptr(),
-                         layer_ids=keep[2].data_ptr())
+        kp, keep, base_vals = _kernel_args(torch, bmod, routine, src, dst, src_l, dst_l, args, device)
         for v in variants():
             vname = variant_name(*v)
             for lname, per_sm, threads, need in LAUNCHES:
@@ -311,12 +317,7 @@ def _sweep_shapes(torch, driver, bmod, mod, funcs, timer, arena, device, sm_coun
             rec = {"bytes_per_token": b, "tokens": t, "us": {}}
             shipped = cal.staged_launch("builtin", "kernel_per_layer", src, dst, src_l, dst_l, args, device)
             rec["us"]["shipped/quota"] = float(np.median(timer.times_us(shipped, 2 * reps, wu)))
-            kp = bmod.kernel_params("kernel_per_layer", src, dst, src_l, dst_l, args)
-            keep = [torch.from_numpy(np.ascontiguousarray(kp.src_idx)).to(device),
-                    torch.from_numpy(np.ascontiguousarray(kp.dst_idx)).to(device),
-                    torch.tensor(kp.layers, dtype=torch.int64).to(device)]
-            base_vals = dict(kp.values, src_idx=keep[0].data_ptr(), dst_idx=keep[1].data_ptr(),
-                             layer_ids=keep[2].data_ptr())
+            kp, keep, base_vals = _kernel_args(torch, bmod, "kernel_per_layer", src, dst, src_l, dst_l, args, device)
             for v in variants():
                 for lname, per_sm, threads, need in LAUNCHES:
                     if need != v[4]:

@@ -210,16 +210,16 @@ __device__ __forceinline__ void warp_copy(int lane, const char* s, char* d, long
   }
 }
 
-// One warp copies nbytes (a multiple of 8) in batches of KVR_BATCH words per lane: every load of
-// a batch is issued before its first store, so a lane has KVR_BATCH host reads in flight instead
+// One warp copies nbytes (a multiple of sizeof(T)) in batches of K words of type T per lane: every
+// load of a batch is issued before its first store, so a lane has K host reads in flight instead
 // of one (the item's words land in the same order as warp_copy's: word j = step * 32 + lane).
-template <int K>
-__device__ __forceinline__ void warp_copy_batched(int lane, const char* s, char* d, long long nbytes) {
-  const unsigned long long* sw = reinterpret_cast<const unsigned long long*>(s);
-  unsigned long long* dw = reinterpret_cast<unsigned long long*>(d);
-  const long long n = nbytes / 8;
+template <typename T, int K>
+__device__ __forceinline__ void warp_copy_words(int lane, const char* s, char* d, long long nbytes) {
+  const T* sw = reinterpret_cast<const T*>(s);
+  T* dw = reinterpret_cast<T*>(d);
+  const long long n = nbytes / (long long)sizeof(T);
   for (long long base = 0; base < n; base += (long long)K * KVR_WARP) {
-    unsigned long long v[K];
+    T v[K];
 #pragma unroll
     for (int i = 0; i < K; ++i) {
       const long long j = base + (long long)i * KVR_WARP + lane;
@@ -231,6 +231,12 @@ __device__ __forceinline__ void warp_copy_batched(int lane, const char* s, char*
       if (j < n) __stcg(dw + j, v[i]);
     }
   }
+}
+
+// 8-byte words, K per lane in flight (kvr_rows: K = KVR_BATCH)
+template <int K>
+__device__ __forceinline__ void warp_copy_batched(int lane, const char* s, char* d, long long nbytes) {
+  warp_copy_words<unsigned long long, K>(lane, s, d, nbytes);
 }
 
 __device__ __forceinline__ void warp_copy_any(int lane, const char* s, char* d, long long n) {
@@ -260,22 +266,7 @@ __device__ __forceinline__ void warp_copy_wide(int lane, const char* s, char* d,
     warp_copy_batched<2 * KVR_WIDE_K>(lane, s, d, nbytes);
     return;
   }
-  const uint4* sw = reinterpret_cast<const uint4*>(s);
-  uint4* dw = reinterpret_cast<uint4*>(d);
-  const long long n = nbytes / 16;
-  for (long long base = 0; base < n; base += (long long)KVR_WIDE_K * KVR_WARP) {
-    uint4 v[KVR_WIDE_K];
-#pragma unroll
-    for (int i = 0; i < KVR_WIDE_K; ++i) {
-      const long long j = base + (long long)i * KVR_WARP + lane;
-      if (j < n) v[i] = __ldg(sw + j);
-    }
-#pragma unroll
-    for (int i = 0; i < KVR_WIDE_K; ++i) {
-      const long long j = base + (long long)i * KVR_WARP + lane;
-      if (j < n) __stcg(dw + j, v[i]);
-    }
-  }
+  warp_copy_words<uint4, KVR_WIDE_K>(lane, s, d, nbytes);
 }
 
 // the row kernels' item loop: item = round * warps + warp, each item's layers in order, copied by
