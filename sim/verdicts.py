@@ -41,6 +41,7 @@ import hashlib
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.bytes.describe import describe
 from sim.errors import InputError
 from sim.executor import ReadCapture, RunResult, run_reference
@@ -315,7 +316,7 @@ def _intra_report(op, race: dict, layout, candidates: list) -> dict:
         "bytes": race["bytes"], "n_ranges": int(race["starts"].size),
         "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:INTRA_RANGES],
                                                       race["ends"][:INTRA_RANGES])],
-        "items": int(np.unique(np.concatenate(race["items"])).size),
+        "items": int(unique_sorted(np.concatenate(race["items"])).size),
         "pieces": int(race["written"].piece_starts.size),
         "position": _position(layout, lo),
         "candidates": candidates,
@@ -520,7 +521,7 @@ def placement_check(s, op, max_bytes: int = 1 << 24) -> dict | None:
     _, inv = np.unique(both, axis=0, return_inverse=True)
     inv = inv.ravel()
     in_actual = np.isin(inv[:len(intended)], inv[len(intended):])
-    bad_items = np.unique(intended[~in_actual, 0])
+    bad_items = unique_sorted(intended[~in_actual, 0])
     n_items = int(ext.n_items)
     stray = ~np.isin(inv[len(intended):], inv[:len(intended)])
     return {"op": op.id, "routine": op.routine, "reference_routine": "token_bytewise", "items": n_items,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.bytes.pattern import _K, Origin, _check16, _fmix32
+from sim.bytes.pattern import _K, _M1, _M2, Origin, _check16, _fmix32
 from sim.errors import InputError
 
 _I64 = np.int64
@@ -159,6 +159,17 @@ def extents(where: str, lengths, *pairs):
     return (lengths[keep], *[a[keep] for a in arrays])
 
 
+def unique_sorted(a) -> np.ndarray:
+    """``np.unique(a)`` of a 1-d array (sorted distinct values), without ``np.unique``'s
+    plain path: numpy 2.x imports ``numpy.ma`` there on its first call (``np.ma.is_masked``),
+    about 0.08 CPU s once per process, a third of a short run's report."""
+    a = np.sort(np.asarray(a).reshape(-1))
+    keep = np.empty(a.size, bool)
+    keep[:1] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
 def _starts_of(counts: np.ndarray) -> np.ndarray:
     """Exclusive cumulative sum: where each group starts in the flat order."""
     out = np.zeros(len(counts), dtype=_I64)
@@ -186,7 +197,7 @@ def resolve_later_wins(starts: np.ndarray, ends: np.ndarray):
     intervals, ranges decomposed level by level, then maxima pushed down.
     """
     n = len(starts)
-    bounds = np.unique(np.concatenate([starts, ends]))
+    bounds = unique_sorted(np.concatenate([starts, ends]))
     m = len(bounds) - 1                       # elementary intervals
     size = 1
     while size < m:
@@ -245,9 +256,46 @@ MATERIALISE_PER_ORIGIN = 4
 MATERIALISE_GROUP_BYTES = 1 << 19
 
 
+def _pattern_units(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``_pattern_batch`` of runs of whole units (every ``soff`` and ``lens`` a multiple of
+    ``ub``): the words as one (units, words per unit) array, the word index's terms made
+    once per unit size instead of once per word (a pool's initial contents, pages written
+    or copied whole: what ``materialise`` meets)."""
+    nu = lens // ub
+    u = (np.repeat(soff // ub - _starts_of(nu), nu) + np.arange(int(nu.sum()), dtype=_I64)).astype(np.uint32)
+    many = isinstance(h, np.ndarray) and h.ndim == 1
+    hu = np.repeat(h.astype(np.uint32), nu) if many else np.uint32(h)
+    wpu = -(-ub // 8)
+    w = np.arange(wpu, dtype=np.uint32)
+    with np.errstate(over="ignore"):
+        # unit_seeds and _check16 of pattern.py, in place on one (units, words) array
+        seeds = _fmix32(hu ^ (u * _K))
+        mixed = (seeds ^ hu)[:, None] ^ (w * _M1)[None, :]
+        mixed ^= mixed >> np.uint32(16)
+        mixed *= _M1
+        mixed ^= mixed >> np.uint32(13)
+        mixed *= _M2
+        mixed ^= mixed >> np.uint32(16)
+        mixed &= np.uint32(0xFFFF)
+        words = mixed.astype(np.uint64)
+        words |= ((seeds.astype(np.uint64) << np.uint64(32))[:, None]
+                  | (w.astype(np.uint64) << np.uint64(16))[None, :])
+    raw = words.astype("<u8", copy=False).view(np.uint8)
+    if wpu * 8 == ub:
+        return raw.reshape(-1)
+    return np.ascontiguousarray(raw.reshape(len(u), wpu * 8)[:, :ub]).reshape(-1)
+
+
 def _pattern_batch(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Pattern bytes of runs ``[soff, +lens)`` of origins of unit size ``ub`` whose
     ``Origin.hash32`` is ``h`` (one uint32, or one per run), concatenated in run order."""
+    if not (soff % ub).any() and not (lens % ub).any():
+        return _pattern_units(ub, h, soff, lens)
+    return _general_batch(ub, h, soff, lens)
+
+
+def _general_batch(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``_pattern_batch`` of any runs, word by word."""
     u0 = soff // ub
     u1 = (soff + lens - 1) // ub
     nu = u1 - u0 + 1
@@ -316,6 +364,8 @@ def _runs(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
     # NOTE: a batch's temporaries are about ten times its bytes; many origins (a whole pool)
     # go in smaller batches, as many one-origin calls would
     B = _PATTERN_BATCH_BYTES if not many else max(1, _PATTERN_BATCH_BYTES // 16)
+    # NOTE: whole units per batch, so runs of whole units stay whole (_pattern_units)
+    B = max(ub, B - B % ub)
     if total <= B:
         return _pattern_batch(ub, h, soff, lens) if total else np.zeros(0, np.uint8)
     # cut runs into pieces of at most B bytes, then generate in batches of ~B
@@ -329,7 +379,7 @@ def _runs(ub: int, h, soff: np.ndarray, lens: np.ndarray) -> np.ndarray:
     ends = np.cumsum(plen)
     cuts = np.searchsorted(ends, np.arange(B, total, B), side="left") + 1
     pos, prev = 0, 0
-    for c in list(np.unique(cuts)) + [len(plen)]:
+    for c in unique_sorted(cuts).tolist() + [len(plen)]:
         if c <= prev:
             continue
         part = _pattern_batch(ub, ph[prev:c] if many else ph, psoff[prev:c], plen[prev:c])
@@ -799,7 +849,7 @@ class CompactBuffer:
                 blk = self._first.searchsorted(O, "right") - 1
                 ok &= H <= np.append(self._first[1:], self.nbytes)[blk]
             small = min(8, self.SMALL_RUNS)          # what _pieces_small and slice keep small
-            for kb in np.unique(blk[ok]).tolist():
+            for kb in unique_sorted(blk[ok]).tolist():
                 sel = np.flatnonzero(ok & (blk == kb))
                 st, oid, soff = self._bs[kb], self._bo[kb], self._bf[kb]
                 lo = O[sel]
@@ -851,12 +901,12 @@ class CompactBuffer:
         # every piece, instead of one per origin
         origins = [self.table[oid] for oid in ids.tolist()]
         ub = np.array([o.unit_bytes for o in origins], dtype=_I64)
-        for size in np.unique(ub).tolist():
+        for size in unique_sorted(ub).tolist():
             idx = np.flatnonzero(ub[inv] == size)
             # pieces in groups of about MATERIALISE_GROUP_BYTES, each scattered at once (the
             # pattern of a whole pool is never held twice)
             ends = np.cumsum(p.length[idx])
-            cuts = np.unique(np.searchsorted(ends, np.arange(MATERIALISE_GROUP_BYTES, int(ends[-1]),
+            cuts = unique_sorted(np.searchsorted(ends, np.arange(MATERIALISE_GROUP_BYTES, int(ends[-1]),
                                                              MATERIALISE_GROUP_BYTES), side="left") + 1)
             prev = 0
             for c in cuts.tolist() + [len(idx)]:
