@@ -421,6 +421,7 @@ class Executor:
         self.access_us: dict[str, float] = {}
         self.access_seq: dict[str, int] = {}
         self._n_access = 0
+        self._frontier = -1                          # the largest op index a stream has started
         self.online = None
         if not self.keep_all:
             from sim.verdicts import OnlineVerdicts     # verdicts imports this module
@@ -687,6 +688,8 @@ class Executor:
                 after = "host"
             op = yield get
             self._running[name] = op
+            if op.index > self._frontier:
+                self._frontier = op.index
             t0 = self.env.now
             kind = op.op
             if kind == "wait":
@@ -799,7 +802,7 @@ class Executor:
         in_flight = [info for _, info in sorted(in_flight, key=lambda x: x[0])]
         cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight)
         if self.online is not None:
-            self.online.captured(cap)
+            self.online.captured(cap, self._frontier)
         else:
             self.reads.append(cap)
 

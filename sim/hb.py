@@ -1096,6 +1096,9 @@ class RaceTracker:
         self._live_after_prune = 0
         self._prune_floor = None                # floor_of's clock for the prune running
         self._seq = 0
+        #: called as ``on_race(a_ops, b)`` with the live ops ``a_ops`` found racing op ``b``
+        #: (the op being added) on one of its buffers, every time some are (None: not called)
+        self.on_race = None
 
     def add(self, op_index: int, comp: int, pos: int, clock: np.ndarray, accs: list, info=None) -> None:
         """Accesses ``accs`` ``[(buffer, write, starts, ends)]`` (merged intervals) of the
@@ -1127,6 +1130,8 @@ class RaceTracker:
                         hits.update(ops)
                 if hits:
                     self.total += len(hits)
+                    if self.on_race is not None:
+                        self.on_race(hits, op_index)
                     if self.limit != 0:
                         self._keep(buf, sorted(hits), op_index, mine)
             for w, s, e, sa, ea in spans:

@@ -48,7 +48,7 @@ from sim.executor import ReadCapture, RunResult, run_reference
 from sim.hb import (RACE_LIMIT, HappensBefore, OnlineClocks, RaceTracker, _intersect_sets, _merge, merge_intervals,
                     _subtract, accesses, double_written, indeterminate_read_bytes, intra_launch_races,
                     race_scan)
-from sim.memory import Memory, clip_and_leaves as _clip_and_leaves, clip_extents, oob_origin
+from sim.memory import Memory, View, clip_and_leaves as _clip_and_leaves, clip_extents, oob_origin
 from sim.schedule import fewer_full_collections
 
 MAX_DESCRIBE = 16
@@ -239,14 +239,16 @@ def read_digest(read) -> str:
     return h.hexdigest()
 
 
-def read_entry(r, ref, layout, ind, *, detail: bool = True) -> dict:
+def read_entry(r, ref, layout, ind, *, detail: bool = True, fresh: bool = False) -> dict:
     """The report entry of one read ``r`` (a ReadCapture) against the same read ``ref``
     of the happens-before-order execution; ``ind``: its indeterminate bytes (merged
     starts, ends) or None.  ``detail=False`` leaves out what only explains a read
-    (provenance, position, copies in flight) when the read is ``ok``."""
+    (provenance, position, copies in flight) when the read is ``ok``.  ``fresh``: ``r`` is
+    known to have seen the happens-before-order bytes (``OnlineVerdicts.captured``), so
+    ``ref`` is not compared (nor needed: it may be None when ``ind`` is None)."""
     masks = _indeterminate_masks(r, ind) if ind is not None else None
     n_indeterminate = 0 if masks is None else int(sum(int(m.sum()) for m in masks))
-    same = _same_views(r, ref)
+    same = fresh or _same_views(r, ref)
     if same:        # the common case, decided in O(segments)
         status, first, differing = ("indeterminate" if n_indeterminate else "ok"), None, 0
     else:
@@ -539,6 +541,16 @@ def _pos_text(pos: dict) -> str:
 _NEVER = 1 << 62
 
 
+def _expected_views(buf, offs, lens) -> list:
+    """A read's views of compact buffer ``buf`` (``Memory.view`` for one extent, else
+    ``Memory.views``, of a compact-only Memory holding ``buf``)."""
+    if offs.size == 1:
+        o = int(offs[0])
+        return [View(buf.slice(o, int(lens[0])), None, o)]
+    ol = offs.tolist()
+    return [View(c, None, o) for c, o in zip(buf.slices(ol, lens.tolist()), ol)]
+
+
 class StaticRaceTracker(RaceTracker):
     """The race tracker of a static schedule: the same races (found, counted, kept and
     listed as :class:`~sim.hb.RaceTracker` does), with live accesses dropped per buffer.
@@ -620,6 +632,10 @@ class OnlineVerdicts:
     first ``sim.executor.TIE_ORDER_LIMIT`` (``tie_orders_total`` counts all).  Latent races
     are listed up to ``race_limit`` (given to the run)."""
 
+    #: judge fresh reads without their expected views (see ``captured``); False: compare every
+    #: read (the path the fast one is tested against)
+    FAST_READS = True
+
     def __init__(self, buffers: dict, streams, hosts, table, *, race_limit: int | None = RACE_LIMIT,
                  ops: list | None = None, memo=None, memory: Memory | None = None):
         self.buffers = buffers
@@ -644,6 +660,12 @@ class OnlineVerdicts:
         self.intra: list[dict] = []
         self.placement: list[dict] = []
         self.taken = 0
+        # fresh reads (see captured)
+        self._raced_reads: set[int] = set()   # reads taken, not captured, that raced a write
+        self._writers_raced = False           # two writing ops have raced
+        self._adding_read = False
+        if self.FAST_READS:
+            self.races.on_race = self._raced
 
     # ---- ops, in issue order
     def issued(self, op, clipped=None) -> None:
@@ -691,14 +713,32 @@ class OnlineVerdicts:
             if op.buffer in self._indet:
                 s, e, _ = _intersect_sets(rs, re_, *self._indet[op.buffer])
                 ind = merge_intervals(s, e) if s.size else None
-            # NOTE: Memory.views pays from a few extents on; one is sliced alone
-            views = ([self.ref.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
-                     else self.ref.views(op.buffer, offs, lens))
-            self._expected[op.index] = (views, ind)
+            if self.FAST_READS:
+                # NOTE: the buffer as it is now (O(blocks): blocks are never written in place),
+                # its views made at the capture only if the read is not fresh
+                self._expected[op.index] = (self.ref.compact[op.buffer].clone(), ind)
+            else:
+                self._expected[op.index] = (_expected_views(self.ref.compact[op.buffer], offs, lens), ind)
             accs = [(op.buffer, False, rs, re_)]
         else:
             return
+        self._adding_read = kind == "read"
         self.races.add(op.index, comp, pos, clock, accs, (op.id, op.op, op.stream))
+
+    def _raced(self, a_ops, b: int) -> None:
+        """``RaceTracker.on_race``: live ops ``a_ops`` race op ``b`` (being taken).  A read not
+        captured yet that races a write is remembered (``_raced_reads``); a race between two
+        ops that both write (a write or a copy, whichever of their accesses raced) sets
+        ``_writers_raced`` (see ``captured``)."""
+        info, pending = self.races.info, self._expected
+        for a in a_ops:
+            if info[a][1] == "read":
+                if a in pending:                  # b writes what a reads
+                    self._raced_reads.add(a)
+            elif self._adding_read:               # a writes what b reads
+                self._raced_reads.add(b)
+            else:
+                self._writers_raced = True
 
     def _copy(self, op, c=None) -> list:
         src, dst = self.buffers[op.src], self.buffers[op.dst]
@@ -762,14 +802,55 @@ class OnlineVerdicts:
                              f"got {type(callback).__name__}")
         self._on_read = callback
 
-    def captured(self, r: ReadCapture) -> None:
+    def captured(self, r: ReadCapture, frontier: int = -1) -> None:
         """The run captured read ``r``: compare it with its expected views and keep its entry
-        (or hand both to the ``on_read`` callback)."""
+        (or hand both to the ``on_read`` callback).  ``frontier``: the largest list index of
+        an op the run has started (a static schedule's ops are taken through it).
+
+        A **fresh** read is judged ``ok`` without building or comparing its expected views
+        (they equal its own: the callback gets those): one that raced no write, has no
+        indeterminate bytes, in a run where no two writing ops (writes, copies: a copy's
+        source read counts as its op's) have raced so far.  Why its bytes are the
+        happens-before-order bytes, byte ``x`` of the read ``R`` by byte:
+
+        * every op that started before ``R`` touched its bytes has been taken: a program's
+          ops are taken as they are issued (and an op runs after its issue), a static
+          schedule's through ``frontier``; so every race between two such ops has been
+          found (a race is found when the later of its two ops is taken, against the
+          earlier's live access; pruning drops only accesses that happen before every op
+          still to come, which cannot race).
+        * The writers of ``x`` the run applied before ``R`` touched it are the writers of
+          ``x`` listed before ``R``: one listed before ``R`` either happens before ``R``
+          (then it completed before ``R`` started) or is concurrent with it (a race of
+          ``R`` with a write: not fresh); one that wrote ``x`` before ``R`` touched it
+          started before, so it was taken, and if listed after ``R`` it does not happen
+          after ``R`` (that would start after ``R`` completed), so it races ``R``.
+        * Any two of them are ordered (else a write-write race), and ordered ops are listed
+          in happens-before order (the issue order is a topological order: a wait binds to
+          the latest record issued before it), so the run applied them in list order: the
+          last writer of ``x`` is the reference's.  A write's bytes do not depend on
+          memory; a copy's are its source bytes when its item landed, the same argument
+          applied to the copy (its source read raced nothing: that would be a race of two
+          writing ops), by induction over the list order down to the initial contents.
+        * No copy item was part-way over ``x`` (an item in flight is a write concurrent
+          with ``R``), and ``x`` is not indeterminate (one launch's items writing it twice).
+
+        ``tests/test_speed_fresh_reads.py`` checks the fresh verdicts against the full
+        comparison on random schedules and on ones built to break each condition."""
         if self._ops is not None:
-            self._take_through(r.index)
-        views, ind = self._expected.pop(r.index)
-        ref = ReadCapture(r.op_id, r.index, r.stream, r.buffer, float(r.index), r.offsets, r.lengths, views)
-        entry = read_entry(r, ref, self.buffers[r.buffer].layout, ind, detail=False)
+            self._take_through(r.index if not self.FAST_READS or frontier < r.index else frontier)
+        got, ind = self._expected.pop(r.index)
+        raced = r.index in self._raced_reads
+        if raced:
+            self._raced_reads.discard(r.index)
+        layout = self.buffers[r.buffer].layout
+        if self.FAST_READS and ind is None and not raced and not self._writers_raced:
+            views = r.views
+            entry = read_entry(r, None, layout, None, detail=False, fresh=True)
+        else:
+            views = _expected_views(got, r.offsets, r.lengths) if self.FAST_READS else got
+            ref = ReadCapture(r.op_id, r.index, r.stream, r.buffer, float(r.index), r.offsets, r.lengths, views)
+            entry = read_entry(r, ref, layout, ind, detail=False)
         if self._on_read is None:
             self.reads.append(entry)
         else:

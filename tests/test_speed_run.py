@@ -174,9 +174,9 @@ def test_reads_expected_views_are_made_when_needed():
     held = []
     orig = OnlineVerdicts.captured
 
-    def captured(self, r):
+    def captured(self, r, *frontier):
         held.append(len(self._expected))
-        orig(self, r)
+        orig(self, r, *frontier)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(OnlineVerdicts, "captured", captured)
         run_schedule(s, P, keep="report")
