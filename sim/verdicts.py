@@ -233,10 +233,9 @@ def _what_item_leaves(mem, op, c, item: int, lo: int, hi: int) -> dict:
 def read_digest(read) -> str:
     """sha256 of a read's provenance: equal for two reads (of any runs) that saw the same
     bytes of the same origins at the same offsets."""
-    h = hashlib.sha256()
-    for v in read.views:
-        h.update(f"{v.offset}:{v.compact.provenance_digest()};".encode())
-    return h.hexdigest()
+    # NOTE: one update of the views' texts joined: the same bytes as one update per view
+    return hashlib.sha256("".join([f"{v.offset}:{v.compact.provenance_digest()};"
+                                   for v in read.views]).encode()).hexdigest()
 
 
 def read_entry(r, ref, layout, ind, *, detail: bool = True, fresh: bool = False) -> dict:

@@ -60,6 +60,10 @@ def origin_key(origin: Origin) -> int:
     return int.from_bytes(hashlib.sha256(repr(origin).encode()).digest()[:8], "little") >> 1
 
 
+_PROVENANCE_V1 = b"kvrace-provenance-v1"
+_PACK4 = struct.Struct("<4q").pack
+
+
 class OriginTable:
     """Interns ``Origin`` objects to small int ids; shared by one run's buffers."""
 
@@ -777,6 +781,9 @@ class CompactBuffer:
         means equal bytes; it costs O(segments), not O(bytes)."""
         runs = self.small_runs()
         if runs is not None:                               # a few segments: plain Python, same bytes
+            if len(runs) == 1:                             # one run (most of a read's views): one pack
+                s, o, f = runs[0]
+                return hashlib.sha256(_PROVENANCE_V1 + _PACK4(self.nbytes, s, self.table.key(o), f)).hexdigest()
             key = self.table.key
             flat = [x for s, o, f in runs for x in (s, key(o), f)]
             h = hashlib.sha256(b"kvrace-provenance-v1" + struct.pack("<q", self.nbytes))
