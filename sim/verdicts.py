@@ -238,13 +238,14 @@ def read_digest(read) -> str:
                                    for v in read.views]).encode()).hexdigest()
 
 
-def read_entry(r, ref, layout, ind, *, detail: bool = True, fresh: bool = False) -> dict:
+def read_entry(r, ref, layout, ind, *, detail: bool = True, fresh: bool = False, digests: bool = True) -> dict:
     """The report entry of one read ``r`` (a ReadCapture) against the same read ``ref``
     of the happens-before-order execution; ``ind``: its indeterminate bytes (merged
     starts, ends) or None.  ``detail=False`` leaves out what only explains a read
     (provenance, position, copies in flight) when the read is ``ok``.  ``fresh``: ``r`` is
     known to have seen the happens-before-order bytes (``OnlineVerdicts.captured``), so
-    ``ref`` is not compared (nor needed: it may be None when ``ind`` is None)."""
+    ``ref`` is not compared (nor needed: it may be None when ``ind`` is None).  ``digests=False``
+    leaves out the provenance digests (``OnlineVerdicts.on_read``)."""
     masks = _indeterminate_masks(r, ind) if ind is not None else None
     n_indeterminate = 0 if masks is None else int(sum(int(m.sum()) for m in masks))
     same = fresh or _same_views(r, ref)
@@ -252,19 +253,19 @@ def read_entry(r, ref, layout, ind, *, detail: bool = True, fresh: bool = False)
         status, first, differing = ("indeterminate" if n_indeterminate else "ok"), None, 0
     else:
         status, first, differing = _classify(r, ref, layout.unit_bytes, masks)
-    digest = read_digest(r)
     entry = {
         "op": r.op_id, "stream": r.stream, "buffer": r.buffer, "time_us": round(r.time_us, 4),
         "nbytes": r.nbytes, "status": status, "bytes_differing": differing,
         "bytes_indeterminate": n_indeterminate,
         "indeterminate_ranges": ([] if ind is None else
                                  [[int(x), int(y)] for x, y in zip(ind[0][:8], ind[1][:8])]),
+    }
+    if digests:
         # NOTE: by provenance (O(segments)): hashing the bytes would materialise every read;
         # the Snapshot (snapshot_of) carries the bytes themselves.  Equal provenance (an ok
         # read) has one digest: computed once.
-        "provenance_sha256": digest,
-        "expected_provenance_sha256": digest if same else read_digest(ref),
-    }
+        digest = entry["provenance_sha256"] = read_digest(r)
+        entry["expected_provenance_sha256"] = digest if same else read_digest(ref)
     if not detail and status == "ok":
         return entry
     entry["position"] = _position(layout, r.offsets[0])
@@ -656,6 +657,7 @@ class OnlineVerdicts:
         self._expected: dict[int, tuple] = {} # read op index -> (expected views, indeterminate ranges)
         self.reads: list[dict] = []
         self._on_read = None                  # on_read's callback (then reads are not kept)
+        self._digests = True                  # entries carry the reads' provenance digests
         self.intra: list[dict] = []
         self.placement: list[dict] = []
         self.taken = 0
@@ -788,18 +790,21 @@ class OnlineVerdicts:
         return entry
 
     # ---- reads, as the run captures them
-    def on_read(self, callback) -> None:
+    def on_read(self, callback, *, digests: bool = True) -> None:
         """Hand every judged read to ``callback(capture, expected_views, entry)`` instead of
         keeping it: ``capture`` is the run's :class:`~sim.executor.ReadCapture`,
         ``expected_views`` the same read's views in the happens-before-order memory (one per
         extent), ``entry`` its report entry (``read_entry`` without detail).  Nothing of the
         read is kept afterwards, so ``reads`` (and the report's ``reads``) stay empty; set it
         before the run captures its first read.  One callback per verdicts; ``None`` goes back
-        to keeping the entries."""
+        to keeping the entries.  ``digests=False``: the entries leave out
+        ``provenance_sha256`` and ``expected_provenance_sha256`` (a digest per view of the
+        read: for a caller that uses the status only, most of a fresh read's cost)."""
         if callback is not None and not callable(callback):
             raise InputError("callback", f"expected a callable (capture, expected_views, entry) or None, "
                              f"got {type(callback).__name__}")
         self._on_read = callback
+        self._digests = bool(digests) or callback is None
 
     def captured(self, r: ReadCapture, frontier: int = -1) -> None:
         """The run captured read ``r``: compare it with its expected views and keep its entry
@@ -845,11 +850,11 @@ class OnlineVerdicts:
         layout = self.buffers[r.buffer].layout
         if self.FAST_READS and ind is None and not raced and not self._writers_raced:
             views = r.views
-            entry = read_entry(r, None, layout, None, detail=False, fresh=True)
+            entry = read_entry(r, None, layout, None, detail=False, fresh=True, digests=self._digests)
         else:
             views = _expected_views(got, r.offsets, r.lengths) if self.FAST_READS else got
             ref = ReadCapture(r.op_id, r.index, r.stream, r.buffer, float(r.index), r.offsets, r.lengths, views)
-            entry = read_entry(r, ref, layout, ind, detail=False)
+            entry = read_entry(r, ref, layout, ind, detail=False, digests=self._digests)
         if self._on_read is None:
             self.reads.append(entry)
         else:

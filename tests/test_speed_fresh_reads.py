@@ -144,3 +144,20 @@ def test_a_fresh_read_hands_its_own_views_as_expected():
     [(cap, views, entry)] = seen
     assert entry["status"] == "ok" and views is cap.views
     assert entry["provenance_sha256"] == entry["expected_provenance_sha256"] == read_digest(cap)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(rich_schedules(max_ops=14), kv_schedules(max_ops=14)), st.integers(0, 3))
+def test_entries_without_digests_are_the_entries_less_the_digests(doc, seed):
+    s = validate(doc)
+    _, with_digests = _static(s, seed)
+    by_host: dict = {h: [] for h in s.hosts}
+    for op in s.ops:
+        by_host[op.host].append(op)
+    ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops, seed=seed)
+    seen = []
+    ex.online.on_read(lambda cap, views, entry: seen.append(
+        (entry, [(v.offset, v.compact.provenance_digest()) for v in views])), digests=False)
+    ex.run({h: _static_program(ops, len(by_host) > 1) for h, ops in by_host.items()}, s)
+    strip = ("provenance_sha256", "expected_provenance_sha256")
+    assert seen == [({k: v for k, v in e.items() if k not in strip}, views) for e, views in with_digests]
