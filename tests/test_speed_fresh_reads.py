@@ -124,6 +124,15 @@ def test_built_schedules_are_judged_stale_both_ways(name):
     assert entry["status"] == "stale"
 
 
+def test_a_read_far_behind_the_ops_started_is_compared(monkeypatch):
+    """Ops started more than FRONTIER_WINDOW list positions past a read are not taken early
+    for it: the read is compared (still stale here), and no more expected views are held."""
+    monkeypatch.setattr(OnlineVerdicts, "FRONTIER_WINDOW", 0)
+    s = validate(_doc(BUILT["a later write that runs first"]))
+    (fast, fast_seen), (full, full_seen) = _both(_static, s, 0)
+    assert fast == full and fast_seen == full_seen and fast_seen[0][0]["status"] == "stale"
+
+
 def test_a_read_of_indeterminate_bytes_is_not_fresh():
     """Two items of one copy write the read's page (an intra-launch race): the read raced
     nothing, yet its bytes are indeterminate, which only the full comparison reports."""
