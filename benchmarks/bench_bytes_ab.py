@@ -10,7 +10,7 @@ TREE``, then any files changed).  For every repetition, every tree in turn runs,
 child process with ``PYTHONPATH`` and the working directory at the tree:
 
 * ``plain``: ``PrefillEngine(load_scenario(SCENARIO, ['run.duration_s=D']), keep='report').run()``,
-  CPU seconds (``time.process_time``) of the run alone, and the sha256 of its whole
+  CPU seconds (``time.process_time``) of the run alone, the child's peak RSS, and the sha256 of its whole
   ``EngineResult`` (every field but ``wall_time_s``, JSON with sorted keys): equal across
   trees when no result changed;
 * ``profile``: the same run under ``cProfile``, then ``pstats`` of the top 25 by own time (the
@@ -36,7 +36,7 @@ import sys
 import time
 
 PLAIN = """
-import dataclasses, hashlib, json, sys, time
+import dataclasses, hashlib, json, resource, sys, time
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 e = PrefillEngine(load_scenario({scenario!r}, {sets!r} + ['run.duration_s={duration}']), keep='report')
@@ -48,7 +48,8 @@ d.pop('wall_time_s')
 sha = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 print(json.dumps({{"cpu_s": cpu, "requests": r.requests_total, "corrupted": r.requests_corrupted,
                   "reads": r.reads_total, "stale": r.stale_reads, "torn": r.torn_reads,
-                  "latent_races": r.latent_races, "sim_time_s": r.sim_time_s, "result_sha256": sha}}))
+                  "latent_races": r.latent_races, "sim_time_s": r.sim_time_s, "result_sha256": sha,
+                  "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}}))
 """
 
 WRITES = """
@@ -113,6 +114,7 @@ def main(argv=None) -> None:
                 _, out = _child(t, PLAIN.format(scenario=args.scenario, duration=args.duration, sets=args.sets))
                 got = json.loads(out.strip().splitlines()[-1])
                 rows[t]["plain"].append(round(got.pop("cpu_s"), 2))
+                rows[t].setdefault("peak_rss_mib", []).append(got.pop("peak_rss_mib"))
                 rows[t]["result"] = rows[t]["result"] or got
                 if got != rows[t]["result"]:
                     raise SystemExit(f"{t}: results differ between repetitions: {got} vs {rows[t]['result']}")
@@ -132,14 +134,15 @@ def main(argv=None) -> None:
                   file=sys.stderr, flush=True)
     print(f"\n{args.scenario} {' '.join(args.sets)}, run.duration_s={args.duration}, best of {args.reps} "
           "(every value), CPU s\n")
-    print("| tree | plain run | profile command | requests (corrupted) | reads (stale, torn) | latent races "
-          "| result sha256 |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| tree | plain run | profile command | peak RSS MiB (plain) | requests (corrupted) | reads (stale, torn) "
+          "| latent races | result sha256 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for t in trees:
         r = rows[t]
         res = r["result"] or {}
         fmt = (lambda v: f"{min(v):.2f} ({', '.join(f'{x:.2f}' for x in v)})" if v else "-")
-        print(f"| `{t}` | {fmt(r['plain'])} | {fmt(r['profile'])} | "
+        rss = r.get("peak_rss_mib")
+        print(f"| `{t}` | {fmt(r['plain'])} | {fmt(r['profile'])} | {max(rss) if rss else '-'} | "
               f"{res.get('requests', '-')} ({res.get('corrupted', '-')}) | "
               f"{res.get('reads', '-')} ({res.get('stale', '-')}, {res.get('torn', '-')}) | "
               f"{res.get('latent_races', '-')} | {str(res.get('result_sha256', '-'))[:12]} |")

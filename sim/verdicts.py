@@ -291,6 +291,7 @@ def _race_report(buffers, race: dict, ops: tuple, kinds: tuple, streams: tuple, 
     ``initial``/``final``: the memories its old and new bytes are described from."""
     layout = buffers[race["buffer"]].layout
     lo, hi = int(race["starts"][0]), int(race["ends"][0])
+    position = _position(layout, lo)
     return {
         "buffer": race["buffer"],
         "ops": list(ops),
@@ -300,8 +301,8 @@ def _race_report(buffers, race: dict, ops: tuple, kinds: tuple, streams: tuple, 
         "n_ranges": race["n_ranges"],
         "ranges": [[int(x), int(y)] for x, y in zip(race["starts"][:8], race["ends"][:8])],
         "first_range": [lo, hi],
-        "position": _position(layout, lo),
-        "layer": _position(layout, lo).get("layer"),
+        "position": position,
+        "layer": position.get("layer"),
         "old_bytes": _describe(initial.compact[race["buffer"]], lo, hi - lo, max_items=4),
         "new_bytes": _describe(final.compact[race["buffer"]], lo, hi - lo, max_items=4),
     }
