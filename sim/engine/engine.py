@@ -1,4 +1,5 @@
-"""The engine: one prefill rank with byte-level verdicts, its decode side in simulated time.
+"""The engine: one prefill rank (or ``deployment.simulated_ranks`` TP ranks in lockstep) with
+byte-level verdicts, its decode side in simulated time.
 
 :func:`run_prefill_engine` runs a scenario's workload through one prefill engine built on a
 :class:`~sim.cache.session.CacheSession` (the HiCache model: tree, controller, device and host
@@ -241,7 +242,9 @@ ENGINE_KEEP = ("report", "all")
 
 
 class PrefillEngine:
-    """One prefill engine on one rank (see the module doc).  ``layers``: run only the model's
+    """One prefill engine on one rank, or on ``deployment.simulated_ranks`` TP ranks in lockstep
+    (one scheduler decision per iteration issued on every rank: docs/engine.md, "TP ranks in
+    lockstep"); see the module doc.  ``layers``: run only the model's
     first layers (small runs); ``device_tokens``: device pool size (default the scenario's
     ``scheduler.max_total_tokens``); ``materialise``: real bytes besides provenance.
 
