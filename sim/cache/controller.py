@@ -149,8 +149,10 @@ class HostEvent:
         return self._ctl._issue(_with_id({"op": "wait", "stream": stream or self._ctl.current_stream,
                                           "event": self.name}, id))
 
-    def query(self) -> bool:
-        return self._ctl._query(self.name)
+    def query(self, rank: int | None = None) -> bool:
+        """``rank`` None: complete on every simulated rank (each queried); else on that rank
+        (a TP group simulated in lockstep, :mod:`sim.cache.ranks`)."""
+        return self._ctl._query(self.name, rank)
 
     def synchronize(self) -> None:
         self._ctl._synchronize_event(self.name)
@@ -305,6 +307,10 @@ class HiCacheController:
             raise InputError("write_event_pool", f"expected an integer >= 1, got {show(write_event_pool)}")
         self.host = host
         self.name = name
+        #: simulated TP ranks (a :class:`sim.cache.ranks.RankedHost` issues every op on each)
+        self.ranks = int(getattr(host, "ranks", 1))
+        self._base = getattr(host, "base", host)
+        self._rank_names = getattr(host, "names", lambda n: [n])
         self.mem_pool_device_allocator = token_to_kv_pool_allocator
         self.mem_pool_device = token_to_kv_pool_allocator.get_kvcache()
         self.mem_pool_host = mem_pool_host
@@ -418,17 +424,24 @@ class HiCacheController:
         self._require_settled(f"issuing a {op.get('op')} op")
         return self.host.issue(op)
 
-    def _query(self, event: str) -> bool:
+    def _query(self, event: str, rank: int | None = None) -> bool:
         self._require_settled(f"query() of {event!r}")
-        return self.host.query(event)
+        if rank is None:
+            return self.host.query(event)
+        if rank >= self.ranks:
+            raise InputError("rank", f"expected a rank in 0..{self.ranks - 1}, got {show(rank)}")
+        return self._base.query(self._rank_names(event)[rank])
 
     def _record_complete(self, event: str) -> bool:
-        """Has the latest record of ``event`` issued so far completed (no record: True)?
-        Reads the executor's state without issuing an op."""
+        """Has the latest record of ``event`` issued so far completed on every rank (no
+        record: True)?  Reads the executor's state without issuing an op."""
+        return all(self._record_complete_one(n) for n in self._rank_names(event))
+
+    def _record_complete_one(self, name: str) -> bool:
         ex = self.host._ex
         # NOTE: the builder binds a host_query to this same record (_last_record), and
         # resolve_query is the executor's own rule for a query's outcome.
-        return ex.resolve_query(ex.builder._last_record.get(event))
+        return ex.resolve_query(ex.builder._last_record.get(name))
 
     def _synchronize_event(self, event: str) -> None:
         if not self._pending and self._record_complete(event):
@@ -463,13 +476,17 @@ class HiCacheController:
             while self._pending:
                 step = self._pending.popleft()
                 if isinstance(step, _Sync):
+                    # NOTE: each simulated rank blocks on its own event / stream, rank by rank
+                    # (one rank: exactly the single host_sync or positive query)
                     if step.event is not None:
-                        if self._record_complete(step.event):
-                            self.host.query(step.event)
-                            continue
-                        yield self.host.synchronize(event=step.event)
+                        for name in self._rank_names(step.event):
+                            if self._record_complete_one(name):
+                                self._base.query(name)
+                                continue
+                            yield self._base.synchronize(event=name)
                     else:
-                        yield self.host.synchronize(stream=step.stream)
+                        for name in self._rank_names(step.stream):
+                            yield self._base.synchronize(stream=name)
                 else:
                     step()
         finally:

@@ -214,12 +214,7 @@ class HiRadixCache(RadixCache):
                 if self.ongoing_write_through:
                     raise CacheAssertionError(f"write-back acks missing for nodes {sorted(self.ongoing_write_through)}")
             return
-        finish_count = 0
-        if self.pp_rank == 0:
-            for _, finish_event, _ack_list in controller.ack_write_queue:
-                if not finish_event.query():
-                    break
-                finish_count += 1
+        finish_count = self._finished_acks(controller.ack_write_queue)
         finish_count = int(self.all_reduce_min(finish_count))
         while finish_count > 0:
             _, finish_event, ack_list = controller.ack_write_queue.pop(0)
@@ -227,6 +222,25 @@ class HiRadixCache(RadixCache):
             for ack_id in ack_list:
                 self._finish_write_through_ack(ack_id, release_lock=True)
             finish_count -= 1
+
+    def _finished_acks(self, queue) -> int:
+        """The leading acks of ``queue`` whose finish event has completed, agreed over the
+        simulated TP ranks: each rank (PP rank 0 only) counts its own, querying its own events
+        until its first pending one, and the count is their minimum (SGLang's ``all_reduce``
+        MIN; ranks not simulated are ``all_reduce_min``'s).  So an ack is processed only once
+        EVERY rank has finished it.  One rank: one query per ack up to the first pending."""
+        if self.pp_rank != 0:
+            return 0
+        ranks = int(getattr(self.cache_controller, "ranks", 1))
+        counts = []
+        for r in range(ranks):
+            n = 0
+            for _, finish_event, _ack_list in queue:
+                if not (finish_event.query() if ranks == 1 else finish_event.query(r)):
+                    break
+                n += 1
+            counts.append(n)
+        return min(counts)
 
     def flush_write_through_acks(self) -> None:
         """``writing_check()``."""
@@ -239,12 +253,7 @@ class HiRadixCache(RadixCache):
         event) has completed, agree over ranks, then for each: ``synchronize`` and release
         the lock ``load_back`` took on the loaded path."""
         controller = self.cache_controller
-        finish_count = 0
-        if self.pp_rank == 0:
-            for _, finish_event, _ack_list in controller.ack_load_queue:
-                if not finish_event.query():
-                    break
-                finish_count += 1
+        finish_count = self._finished_acks(controller.ack_load_queue)
         finish_count = int(self.all_reduce_min(finish_count))
         while finish_count > 0:
             _, finish_event, ack_list = controller.ack_load_queue.pop(0)

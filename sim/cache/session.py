@@ -37,6 +37,7 @@ import numpy as np
 
 from sim.bytes.describe import describe
 from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCacheController
+from sim.cache.ranks import RankedHost, rank_header
 from sim.errors import InputError, KvraceError, check_keys, show
 from sim.executor import KEEP_MODES, Executor, Host, RunResult, TieBreak
 from sim.pools import (
@@ -118,6 +119,10 @@ class SessionConfig:
       windows, traces, Snapshots); ``"report"``: live state only, the verdicts computed while the
       run runs (``sim.verdicts.OnlineVerdicts``), every latent race listed; with a read sink
       (:meth:`CacheSession.set_read_sink`) not even the per-read entries are kept.
+    * ``ranks`` (1): TP ranks simulated in lockstep (:mod:`sim.cache.ranks`): one tree and
+      allocator, and per rank its own device and host buffers, streams, events and link
+      (rank ``r`` on device ``r``, names suffixed ``@r``); every op the session and its
+      controller issue is issued on each rank, and a blocking call waits for every rank.
     """
 
     model: str = "mla"
@@ -147,6 +152,7 @@ class SessionConfig:
     host_lock_during_load: bool = True
     backup_pools: frozenset | None = None
     keep: str = "all"
+    ranks: int = 1
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SessionConfig":
@@ -198,6 +204,7 @@ class SessionConfig:
         need(is_int(self.seed), "seed", "an integer >= 0")
         need(self.ties in ("fifo", "seeded"), "ties", "'fifo' or 'seeded'")
         need(self.keep in KEEP_MODES, "keep", f"one of {list(KEEP_MODES)}")
+        need(is_int(self.ranks, 1), "ranks", "an integer >= 1")
         need(self.model != "deepseek-v4" or self.hicache_size == 0, "hicache_size",
              "0 for model 'deepseek-v4' (SGLang's V4 HiCache does not support --hicache-size; use hicache_ratio)")
         need(self.index_k_dtype in ("fp8", "bf16"), "index_k_dtype", "'fp8' or 'bf16'")
@@ -277,7 +284,7 @@ class CacheSession:
         alloc_cls = TokenToKVPoolAllocator if cfg.page_size == 1 else PagedTokenToKVPoolAllocator
         self.allocator = alloc_cls(cfg.device_tokens, cfg.page_size, self.device_pool)
         current = "schedule" if cfg.overlap else "forward"
-        self.header = {
+        header = {
             "kvrace_schedule": 2, "name": "cache_session",
             "description": f"CacheSession {cfg.model}, {cfg.layers} layers, page {cfg.page_size}, "
                            f"{cfg.layout}/{cfg.io_backend}, {cfg.write_policy}",
@@ -289,6 +296,8 @@ class CacheSession:
                       + [BATCH_EVENT.format(k) for k in range(cfg.batch_events)],
             "hosts": [HOST],
         }
+        #: the run's header: rank 0's buffers, streams and events, then each further rank's
+        self.header = rank_header(header, cfg.ranks)
         report = cfg.keep == "report"
         builder = ScheduleBuilder(self.header, max_ops=None, keep_ops=not report)
         extra = dict(keep="report", hosts=builder.hosts, race_limit=None) if report else {}
@@ -302,7 +311,8 @@ class CacheSession:
         start = self.env.event()
         start.succeed()
         self.env.run(until=start)
-        self.host = Host(self._ex, HOST)
+        #: the scheduler's host: every op issued on each simulated rank (``sim.cache.ranks``)
+        self.host = RankedHost(Host(self._ex, HOST), cfg.ranks)
         self.controller = HiCacheController(
             self.allocator, self.host_pool, cfg.page_size, host=self.host, load_stream="load",
             write_stream="write", current_stream=current, write_policy=cfg.write_policy,
@@ -389,7 +399,8 @@ class CacheSession:
         ``stream`` has completed (a recorded ``host_sync``; neither given: :meth:`wait_idle`)."""
         self._open()
         self.settle()
-        self._block(self.host.synchronize(event=event, stream=stream))
+        for ev in self.host.sync_steps(event=event, stream=stream):
+            self._block(ev)
 
     def wait_idle(self) -> None:
         """Device synchronize: block until every op issued so far has completed."""
@@ -398,6 +409,11 @@ class CacheSession:
         self._block(self.host.synchronize())
 
     # ---------------------------------------------------------------- pools
+    @property
+    def ranks(self) -> int:
+        """TP ranks simulated in lockstep (``config.ranks``)."""
+        return self.config.ranks
+
     @property
     def roles(self) -> dict[str, str]:
         """Device buffer name -> its pool role (``device_pool.role_of``: ``latent``,
@@ -429,7 +445,7 @@ class CacheSession:
         return list(self.device_pool.layouts)
 
     def store_kv(self, device_indices, owner: int, *, layers=None, version: int = 1, stream: str = "forward",
-                 sync: bool = True) -> list[str]:
+                 sync: bool = True, ranks=None) -> list[str]:
         """The forward pass writes request ``owner``'s KV into ``device_indices``: one
         ``write`` op per model layer (``layers``: default all) and device buffer of the pool
         that layer owns a slice of, on ``stream``.  A buffer's units are the entries
@@ -441,7 +457,9 @@ class CacheSession:
         (``copy_done.synchronize()`` in overlap mode) before it inserts the request into
         the tree, so a backup started by that insert reads the written KV.  ``sync=False``
         leaves the backup unordered after these writes (the D2H source race of SGLang
-        PR #20611's report).  Returns the op ids of the writes."""
+        PR #20611's report).  ``ranks`` (default every simulated rank): the ranks whose
+        buffers are written (each its own write ops, on its own ``stream``).  Returns rank 0's
+        op ids of the writes (the first listed rank's)."""
         self._open()
         self.settle()
         idx = np.asarray(device_indices, dtype=np.int64).reshape(-1)
@@ -462,9 +480,10 @@ class CacheSession:
                     continue
                 ids.append(self.host.issue({"op": "write", "stream": stream, "buffer": name,
                                             "layer": pool_layer[layer], "units": units.tolist(),
-                                            "owner": int(owner), "version": int(version)}))
+                                            "owner": int(owner), "version": int(version)}, ranks=ranks))
         if sync:
-            self._block(self.host.synchronize(stream=stream))
+            for ev in self.host.sync_steps(stream=stream):
+                self._block(ev)
         return ids
 
     def read(self, buffer: str, layer: int, units, *, stream: str = "forward", gate: int | None = None,

@@ -1,4 +1,5 @@
-"""The engine: one prefill rank with byte-level verdicts, its decode side in simulated time.
+"""The engine: one prefill rank (or ``deployment.simulated_ranks`` TP ranks in lockstep) with
+byte-level verdicts, its decode side in simulated time.
 
 :func:`run_prefill_engine` runs a scenario's workload through one prefill engine built on a
 :class:`~sim.cache.session.CacheSession` (the HiCache model: tree, controller, device and host
@@ -54,6 +55,7 @@ import numpy as np
 
 from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
+from sim.cache.ranks import rank_name
 from sim.cache.session import BATCH_EVENT, MODEL_ROLES, CacheSession
 from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
@@ -111,7 +113,15 @@ class EngineResult:
     ``index_k_topk_changed``: raced index-K reads whose indexer top-k, computed from the
     bytes read, differs from the one computed from the happens-before-order bytes for some
     request and pool layer (``topk_changed`` per corrupted read: True, False, or None where
-    not an index-K race)."""
+    not an index-K race).
+
+    TP ranks in lockstep (``deployment.simulated_ranks`` = n > 1; docs/engine.md "TP ranks in
+    lockstep"): every read of every rank is judged against that rank's bytes, a request is
+    corrupted when a read for it on ANY rank is; ``reads_total``, ``stale_reads``,
+    ``torn_reads``, ``wrong_kv_reads``, ``oracle_entries``, ``forwards_one_step`` and
+    ``latent_races`` count over all ranks; ``corrupted_reads`` entries carry their ``rank``;
+    ``corrupted_reads_by_rank[r]``: rank r's corrupted reads; ``branches``, ``backups`` and
+    ``load_backs`` count one rank's (every rank issues the same copies)."""
 
     scenario: str
     seed: int
@@ -143,9 +153,18 @@ class EngineResult:
     wrong_kv_reads: int = 0
     oracle_entries: int = 0
     index_k_topk_changed: int = 0
+    simulated_ranks: int = 1
+    corrupted_reads_by_rank: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a dict; ``simulated_ranks`` and ``corrupted_reads_by_rank`` only when
+        more than one rank was simulated (so a one-rank result is what it was before TP ranks
+        were modelled)."""
+        d = dataclasses.asdict(self)
+        if self.simulated_ranks == 1:
+            d.pop("simulated_ranks")
+            d.pop("corrupted_reads_by_rank")
+        return d
 
     def signature(self) -> dict:
         """Everything but the wall time (what the same seed must reproduce)."""
@@ -181,6 +200,7 @@ class _Tally:
     corrupted: list = field(default_factory=list)
     wrong_reads: int = 0
     topk_changed: int = 0
+    by_rank: list = field(default_factory=list)   # corrupted reads per simulated rank
 
 
 @dataclass
@@ -222,7 +242,9 @@ ENGINE_KEEP = ("report", "all")
 
 
 class PrefillEngine:
-    """One prefill engine on one rank (see the module doc).  ``layers``: run only the model's
+    """One prefill engine on one rank, or on ``deployment.simulated_ranks`` TP ranks in lockstep
+    (one scheduler decision per iteration issued on every rank: docs/engine.md, "TP ranks in
+    lockstep"); see the module doc.  ``layers``: run only the model's
     first layers (small runs); ``device_tokens``: device pool size (default the scenario's
     ``scheduler.max_total_tokens``); ``materialise``: real bytes besides provenance.
 
@@ -297,6 +319,7 @@ class PrefillEngine:
         self.ratios = {role: specs[role].tokens_per_entry for role in self.buffers}
         self.oracle = KVOracle(self.buffers, {n: s.device_pool.kind_of(n) for n, _ in self.buffers.values()},
                                self.ratios)
+        self._init_ranks()
         self.gate_map = self.config.gate_map
         # HiCache off: SGLang's plain RadixCache over the same allocator (no host pool traffic,
         # an evicted prefix is recomputed); on: the session's HiRadixCache
@@ -310,13 +333,14 @@ class PrefillEngine:
         self.issues: list[ForwardIssue] = []       # keep="all" only: every batch's forward
         self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)}), until judged
         self.report: dict | None = None            # keep="all": the run's verdicts (analyse), after finish()
-        self._tally = _Tally()
+        self._tally = _Tally(by_rank=[0] * self.ranks)
         if self.keep == "report":
             self.session.set_read_sink(self._on_read)
             if self.oracle.incremental:
                 # NOTE: the oracle remembers verdicts of pages not written since (its module
                 # doc); every mutation of the run's memory makes it forget the pages touched
-                self.session.watch_writes(self.oracle.written, [name for name, _ in self.buffers.values()])
+                for oracle, bufs in zip(self.oracles, self.rank_buffers):
+                    self.session.watch_writes(oracle.written, [name for name, _ in bufs.values()])
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self._stores = 0                 # batch stores issued (their number is their writes' version)
         self.chunked: _Admitted | None = None
@@ -341,7 +365,22 @@ class PrefillEngine:
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
             seed=self.seed, materialise=materialise, keep=self.keep,
-            batch_events=len(_OVERLAP_EVENTS) if sc.scheduler.event_loop == "overlap" else 0, **switches)
+            batch_events=len(_OVERLAP_EVENTS) if sc.scheduler.event_loop == "overlap" else 0,
+            ranks=sc.deployment.simulated_ranks, **switches)
+
+    def _init_ranks(self) -> None:
+        """TP ranks in lockstep (``deployment.simulated_ranks``): per rank, the forward's buffers
+        (rank ``r``'s names, :func:`sim.cache.ranks.rank_name`) and a KV oracle over them that
+        shares the content keys of rank 0's (:meth:`KVOracle.for_buffers`)."""
+        s = self.session
+        self.ranks = s.ranks
+        self.rank_buffers = [self.buffers] + [
+            {role: (rank_name(name, r), lay) for role, (name, lay) in self.buffers.items()}
+            for r in range(1, self.ranks)]
+        self.oracles = [self.oracle] + [
+            self.oracle.for_buffers(bufs, {n: s.device_pool.kind_of(n0) for (n, _), (n0, _) in
+                                           zip(bufs.values(), self.buffers.values())})
+            for bufs in self.rank_buffers[1:]]
 
     def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
@@ -509,19 +548,32 @@ class PrefillEngine:
 
     def _issue_forward(self, batch: list[_Admitted], k: int, fb: ForwardBatch, one_step: bool,
                        before_layer=None) -> None:
-        """Issue ``batch``'s forward (``fwd{k}``) with the gate map and keep, for each read,
-        what judging it needs (the requests it was made for and how far each had come)."""
+        """Issue ``batch``'s forward (``fwd{k}``; rank ``r >= 1``: ``fwd{k}@r`` on its own
+        stream, buffers and layer events) on every simulated rank with the gate map and keep,
+        for each read, what judging it needs (the requests it was made for and how far each
+        had come, the rank).  ``one_step``: a rank's forward may advance in one step when
+        nothing is in flight into that rank's buffers.  ``before_layer(layer, rank)``: called
+        before each layer of each rank's forward.  The cost model's jitter is keyed by the
+        rank too (``(k,)`` on rank 0, ``(k, r)`` on rank r), so the ranks drift apart."""
         s = self.session
         consumer = fb.consumer_index
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
-        issue = issue_forward(s.host, "forward", fb, model=self.model, gate_map=self.gate_map, buffers=self.buffers,
-                              cost=self.cost, layer_events=events, options=self.options, tp=self.prefill_tp,
-                              one_step=one_step, tag=f"fwd{k}", key=(k,), before_layer=before_layer)
-        if self.keep == "all":
-            self.issues.append(issue)
         made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
-        for r in issue.reads:
-            self.read_rids[r.op_id] = (r, consumer, made_for)
+        for rank, bufs in enumerate(self.rank_buffers):
+            # NOTE: each rank decides one step on its own buffers (a slower rank may still have a
+            # copy in flight); the outcome is the per-layer mode's either way
+            one = one_step and can_advance_in_one_step(s.host, fb, bufs)
+            self.forwards_one_step += one
+            before = None if before_layer is None else (lambda layer, r=rank: before_layer(layer, r))
+            issue = issue_forward(
+                s.host.base, rank_name("forward", rank), fb, model=self.model, gate_map=self.gate_map, buffers=bufs,
+                cost=self.cost, layer_events=None if events is None else [rank_name(e, rank) for e in events],
+                options=self.options, tp=self.prefill_tp, one_step=one, tag=rank_name(f"fwd{k}", rank),
+                key=(k,) if rank == 0 else (k, rank), before_layer=before)
+            if self.keep == "all":
+                self.issues.append(issue)
+            for r in issue.reads:
+                self.read_rids[r.op_id] = (r, consumer, made_for, rank)
 
     def _run_batch(self, batch: list[_Admitted]) -> None:
         s = self.session
@@ -529,10 +581,9 @@ class PrefillEngine:
         self._store_batch(parts, batch[0].req.rid, store)
         # NOTE: one step only where nothing can interleave: no load into these buffers in flight
         # and none issued before the forward's last read (the scheduler synchronizes the forward
-        # stream below before its next cache call); the results are the per-layer mode's
-        one_step = self.one_step and can_advance_in_one_step(s.host, fb, self.buffers)
-        self.forwards_one_step += one_step
-        self._issue_forward(batch, k, fb, one_step)
+        # stream below before its next cache call); the results are the per-layer mode's.
+        # Decided per rank in _issue_forward.
+        self._issue_forward(batch, k, fb, self.one_step)
         s.synchronize(stream="forward")
         for a in batch:
             a.done += a.chunk
@@ -609,8 +660,8 @@ class PrefillEngine:
         layer's store lands late), then ``copy_done`` recorded on the forward stream."""
         k, store, parts, fb = self._prepare(batch)
 
-        def store_layer(layer: int) -> None:
-            self._store_batch(parts, batch[0].req.rid, store, layer)
+        def store_layer(layer: int, rank: int) -> None:
+            self._store_batch(parts, batch[0].req.rid, store, layer, ranks=[rank])
 
         # NOTE: never one step here: the next batch's load is issued while this forward runs
         self._issue_forward(batch, k, fb, False, before_layer=store_layer)
@@ -725,7 +776,7 @@ class PrefillEngine:
         self._stores += 1
         return self._stores
 
-    def _store_batch(self, parts: list, owner: int, store: int, layer: int | None = None) -> None:
+    def _store_batch(self, parts: list, owner: int, store: int, layer: int | None = None, ranks=None) -> None:
         """Store a batch's new KV: the slots of every request (``parts``, in batch order) in
         ONE write per layer (``layer``: that one only; default all) and device buffer, as
         SGLang's ``set_kv_buffer`` (and the DSA / V4 pools' ``set_*``) writes a whole batch's
@@ -734,10 +785,11 @@ class PrefillEngine:
         NOTE: a write op carries one ``owner``: here the batch's first request, by convention
         (``version`` = ``store``).  What each unit holds is the oracle's per-request record
         (:meth:`_record_store`), never this owner; the race verdict compares provenance of
-        the same schedule in two orders, so the owner only names the bytes."""
+        the same schedule in two orders, so the owner only names the bytes.  ``ranks``: the
+        simulated ranks written (default all, each on its own forward stream)."""
         slots = parts[0] if len(parts) == 1 else np.concatenate(parts)
         self.session.store_kv(slots, owner=owner, layers=None if layer is None else [layer], version=store,
-                              stream="forward", sync=False)
+                              stream="forward", sync=False, ranks=ranks)
 
     def _record_store(self, a: _Admitted, slots: np.ndarray, store: int) -> None:
         """Tell the KV oracle which token prefix each unit store ``store`` wrote for ``a``
@@ -889,7 +941,7 @@ class PrefillEngine:
         rec = self.read_rids.pop(op_id, None)
         if rec is None:
             return
-        info, consumer, made_for = rec
+        info, consumer, made_for, rank = rec
         t = self._tally
         rids: set[int] = set()
         topk = None
@@ -900,14 +952,17 @@ class PrefillEngine:
                 topk = self._topk_changed(info, obs, ref, rids)
                 t.topk_changed += bool(topk)
         # the oracle: did each request see its own tokens' KV (in any order)?
-        kv_wrong = {rid for rid, bad in self.oracle.check_reads(info, obs, made_for, contents).items() if bad.any()}
+        kv_wrong = {rid for rid, bad in self.oracles[rank].check_reads(info, obs, made_for, contents).items()
+                    if bad.any()}
         t.wrong |= kv_wrong
         t.wrong_reads += bool(kv_wrong)
         if rids or kv_wrong:
+            t.by_rank[rank] += 1
             t.corrupted.append({"op": op_id, "layer": info.layer, "reader": info.reader, "role": info.role,
                                 "buffer": info.buffer, "status": status if rids else "wrong-kv", "waited": info.waited,
                                 "consumer_index": consumer, "requests": sorted(rids | kv_wrong),
-                                "wrong_kv_requests": sorted(kv_wrong), "topk_changed": topk})
+                                "wrong_kv_requests": sorted(kv_wrong), "topk_changed": topk,
+                                **({"rank": rank} if self.ranks > 1 else {})})
 
     def _result(self, wall0: float) -> EngineResult:
         t0 = time.perf_counter()
@@ -947,8 +1002,9 @@ class PrefillEngine:
             sim_time_s=run.end_us / 1e6, wall_time_s=wall0 + time.perf_counter() - t0, corrupted_reads=t.corrupted,
             ownership_checks=self.counts["ownership_checks"], forwards_one_step=self.forwards_one_step,
             hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(t.raced),
-            requests_wrong_kv=len(t.wrong), wrong_kv_reads=t.wrong_reads, oracle_entries=self.oracle.entries_checked,
-            index_k_topk_changed=t.topk_changed)
+            requests_wrong_kv=len(t.wrong), wrong_kv_reads=t.wrong_reads,
+            oracle_entries=sum(o.entries_checked for o in self.oracles), index_k_topk_changed=t.topk_changed,
+            simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank))
 
     @staticmethod
     def _read_bytes(read, info) -> np.ndarray:

@@ -55,6 +55,7 @@ from typing import Mapping
 import numpy as np
 
 from sim.engine.workload import TokenSource, tokens
+from sim.errors import InputError
 from sim.pools.layouts import PagedLayout
 
 __all__ = ["KVOracle", "content_key"]
@@ -103,6 +104,18 @@ class KVOracle:
         self._table = None                           # the origin table _fields mirrors
         self._fields = tuple(np.zeros(0, np.int64) for _ in range(5))   # owner, layer, unit bytes, kind, version
         self._kinds: dict[str, int] = {}
+
+    def for_buffers(self, buffers: Mapping[str, tuple], kinds: Mapping[str, str]) -> "KVOracle":
+        """An oracle of another copy of the same pools (a further TP rank's buffers:
+        ``buffers``, ``kinds`` as in the constructor, the same roles and layouts) that shares
+        this one's content keys (a store writes the same tokens' KV on every rank, so what
+        :meth:`record_store` files here holds there) but remembers its own verdicts (what its
+        buffers hold differs by rank)."""
+        if set(buffers) != set(self.buffers):
+            raise InputError("buffers", f"expected the pool roles {sorted(self.buffers)}, got {sorted(buffers)}")
+        other = KVOracle(buffers, kinds, self.ratios, incremental=self.incremental)
+        other.content, other._ids = self.content, self._ids
+        return other
 
     def _kind_code(self, kind: str) -> int:
         return self._kinds.setdefault(kind, len(self._kinds))

@@ -103,12 +103,17 @@ class DeploymentSection(Section):
     prefill_tp: int = opt(4, "TP of a prefill engine (colocated: of the engine)", lo=1)
     decode_tp: int = opt(4, "TP of a decode engine (colocated: equal to prefill_tp)", lo=1)
     profile: str = opt("rtx-pro-6000", "hardware profile: a shipped name or a TOML path")
+    simulated_ranks: int = opt(1, "ranks of the prefill TP group simulated in lockstep (1..prefill_tp; each "
+                                  "its own device pool, host pool, streams and link)")
 
     def check(self, where: str) -> None:
         try:
             load_profile(self.profile)
         except InputError as e:
             raise InputError(f"{where}.profile", f"expected a loadable hardware profile: {e}") from None
+        if not 1 <= self.simulated_ranks <= self.prefill_tp:
+            raise InputError(f"{where}.simulated_ranks", f"expected an integer in 1..{self.prefill_tp} (at most "
+                             f"prefill_tp, the ranks of the prefill TP group), got {self.simulated_ranks}")
         if self.mode == "colocated":
             if self.decode_tp != self.prefill_tp:
                 raise InputError(f"{where}.decode_tp", f"expected prefill_tp ({self.prefill_tp}) in colocated "
