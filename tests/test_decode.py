@@ -79,3 +79,18 @@ def test_engine_completes_every_turn_after_its_decode(mode):
     assert (len(decode_ops) == e.decode.step_count) if mode == "colocated" else not decode_ops
     if mode == "pd":
         assert e.decode.transfer_bytes > 0
+
+
+@pytest.mark.parametrize("preset,sets", [
+    ("incident", ["hicache.decode=true"]),
+    ("glm5-22811-small", ["deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4"]),
+])
+def test_pd_decode_hicache_is_refused_not_ignored(preset, sets):
+    # the PD decode engine has no byte-level pools: a silently ignored key would report a run
+    # without decode-side HiCache as one with it
+    with pytest.raises(InputError, match="deployment.mode") as e:
+        load_scenario(preset, sets)
+    assert e.value.where == "hicache.decode"
+    # the same keys with decode-side HiCache off load, and colocated keeps both flags equal
+    assert not load_scenario(preset, sets + ["hicache.decode=false"]).hicache.decode
+    assert load_scenario("glm5-22811-small").hicache.decode

@@ -267,6 +267,7 @@ class Scenario:
         if self.deployment.mode == "colocated" and self.hicache.decode != self.hicache.prefill:
             raise InputError("hicache.decode", f"expected hicache.prefill ({str(self.hicache.prefill).lower()}) in "
                              "colocated mode (one engine)")
+        check_decode_hicache(self)
         ps = self.hicache.page_size
         if self.scheduler.max_total_tokens % ps or self.scheduler.max_total_tokens < 2 * ps:
             raise InputError("scheduler.max_total_tokens", f"expected a multiple of page_size ({ps}) of at least "
@@ -281,6 +282,18 @@ class Scenario:
         if self.workload.kind == "trace":
             load_trace(self.workload.trace, self.workload.system_prompt_tokens)
         self.configuration()
+
+
+def check_decode_hicache(sc: "Scenario") -> None:
+    """PD with ``hicache.decode = true``: refused (an ``InputError`` naming ``hicache.decode``)
+    until the decode engine has a byte-level HiCache model.
+
+    NOTE: the PD decode engine (:mod:`sim.engine.decode`) is modelled in simulated time only,
+    with no device or host pools: accepting the key would run the decode side without HiCache
+    and report its numbers as if HiCache were on."""
+    if sc.deployment.mode == "pd" and sc.hicache.decode:
+        raise InputError("hicache.decode", "expected false with deployment.mode = 'pd' (decode-side HiCache is "
+                         "not modelled yet: the PD decode engine has no byte-level pools), got true")
 
 
 def _toml_value(v) -> str:
