@@ -2,8 +2,6 @@
 with HiCache (docs/engine.md, "Decode-side HiCache in SGLang 0.5.14")."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
@@ -17,11 +15,8 @@ PD = ["run.layers=2", "deployment.mode=pd", "deployment.prefill_tp=4", "deployme
       "variant.gate_map=upstream-0.5.11"]
 
 
-def pd_scenario(*extra: str, decode_hicache: bool = True) -> Scenario:
-    sc = load_scenario("glm5-22811-small", [*PD, "hicache.decode=false", *extra])
-    # NOTE: built around load_scenario's refusal of hicache.decode in PD (until the decode side
-    # is accepted there); the engine reads only the flag
-    return dataclasses.replace(sc, hicache=dataclasses.replace(sc.hicache, decode=decode_hicache))
+def pd_scenario(*extra: str) -> Scenario:
+    return load_scenario("glm5-22811-small", [*PD, "hicache.decode=true", *extra])
 
 
 def run(sc: Scenario, seed: int = 0, *, hicache: bool = True):

@@ -285,15 +285,18 @@ class Scenario:
 
 
 def check_decode_hicache(sc: "Scenario") -> None:
-    """PD with ``hicache.decode = true``: refused (an ``InputError`` naming ``hicache.decode``)
-    until the decode engine has a byte-level HiCache model.
+    """PD with ``hicache.decode = true``: the decode engine runs at byte level with its own
+    HiCache (``sim.engine.decode_hicache``), which SGLang 0.5.14 offers only for models that
+    are not hybrid SWA: refused (an ``InputError`` naming ``hicache.decode``) for DeepSeek V4.
 
-    NOTE: the PD decode engine (:mod:`sim.engine.decode`) is modelled in simulated time only,
-    with no device or host pools: accepting the key would run the decode side without HiCache
-    and report its numbers as if HiCache were on."""
-    if sc.deployment.mode == "pd" and sc.hicache.decode:
-        raise InputError("hicache.decode", "expected false with deployment.mode = 'pd' (decode-side HiCache is "
-                         "not modelled yet: the PD decode engine has no byte-level pools), got true")
+    NOTE: SGLang's ``kv_cache_builder`` raises ``ValueError`` for
+    ``--disaggregation-decode-enable-radix-cache`` on a hybrid SWA model, and
+    ``DeepseekV4ForCausalLM`` is one (``is_hybrid_swa_model``): the decode side of the
+    incident's deployment cannot have HiCache (docs/engine.md)."""
+    if sc.deployment.mode == "pd" and sc.hicache.decode and model(sc.model.family).name != "dsa-v3.2":
+        raise InputError("hicache.decode", f"expected false for model {sc.model.family} in PD mode: SGLang 0.5.14 "
+                         "refuses the decode-side radix cache (and so decode-side HiCache) for hybrid SWA models "
+                         "such as DeepSeek V4; decode-side HiCache is modelled for dsa-v3.2, got true")
 
 
 def _toml_value(v) -> str:
