@@ -104,3 +104,16 @@ def test_decode_side_hicache_never_races_across_seeds_and_pool_sizes(seed):
         assert r.requests_completed == r.requests_total
         assert d["stale_reads"] == d["torn_reads"] == d["requests_corrupted"] == d["latent_races"] == 0
         assert np.isfinite(r.sim_time_s)
+
+
+@pytest.mark.slow
+def test_index_k_never_backed_up_is_wrong_kv_on_the_decode_side():
+    """SGLang #17085's hypothesis reaches the decode side's controller too: a restored prefix's
+    index-K was never backed up, so the decode reads see KV that is not the request's (the KV
+    oracle), in every order (no race)."""
+    _, r = run(pd_scenario("variant.hypotheses=index-k-not-backed-up"))
+    d = r.decode
+    assert d["load_backs"] > 0 and d["wrong_kv_reads"] > 0 and d["requests_wrong_kv"] > 0
+    assert d["stale_reads"] == d["torn_reads"] == d["latent_races"] == 0
+    assert {c["role"] for c in d["corrupted_reads"]} == {"index_k"}
+    assert set(d["corrupted_rids"]) <= set(range(r.requests_total))
