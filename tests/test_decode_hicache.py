@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.engine.decode_hicache import DecodeCacheEngine
 from sim.engine.engine import PrefillEngine
@@ -117,3 +119,22 @@ def test_index_k_never_backed_up_is_wrong_kv_on_the_decode_side():
     assert d["stale_reads"] == d["torn_reads"] == d["latent_races"] == 0
     assert {c["role"] for c in d["corrupted_reads"]} == {"index_k"}
     assert set(d["corrupted_rids"]) <= set(range(r.requests_total))
+
+
+@pytest.mark.slow
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 1000), tokens=st.sampled_from([2048, 2560, 3072]), sessions=st.integers(2, 5),
+       concurrency=st.integers(1, 4), ratio=st.sampled_from([1.0, 2.0]))
+def test_decode_side_properties(seed, tokens, sessions, concurrency, ratio):
+    """Every request ends (completed, or aborted by a failed restore), no decode step uses a slot
+    it does not own (the engine's ownership check raises), no decode read races, and at the end
+    every decode device slot is free or held, unlocked, by the decode tree."""
+    e, r = run(pd_scenario(f"scheduler.max_total_tokens={tokens}", f"workload.sessions={sessions}",
+                           f"workload.concurrency={concurrency}", f"hicache.ratio={ratio}"), seed)
+    d = r.decode
+    assert r.requests_completed == r.requests_total == d["requests"]
+    assert d["ownership_checks"] >= d["steps"] > 0
+    assert d["stale_reads"] == d["torn_reads"] == d["latent_races"] == d["requests_corrupted"] == 0
+    a, tree = e.decode.session.allocator, e.decode.cache._target
+    assert tree.protected_size() == 0
+    assert a.available_size() + tree.evictable_size() == a.size_full
