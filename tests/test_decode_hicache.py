@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.engine.decode_hicache import DecodeCacheEngine
+from sim.engine.decode_hicache import DecodeCacheEngine, format_decode_side
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import Scenario, load_scenario
 
@@ -51,6 +51,10 @@ def test_decode_side_hicache_matches_restores_backs_up_and_reads_no_race(on):
     # upstream 0.5.11 on prefill too: nothing corrupted anywhere
     assert r.requests_corrupted == 0
     assert e.decode.idle
+    lines = format_decode_side(d)
+    assert lines[0].startswith("decode side") and "HiCache on" in lines[0]
+    assert f"{d['load_backs']} ({d['load_back_tokens']} tokens)" in "\n".join(lines)
+    assert format_decode_side(None) == []
 
 
 def test_a_first_step_that_does_not_wait_for_the_restore_races_it(monkeypatch):

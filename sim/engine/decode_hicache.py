@@ -68,7 +68,7 @@ from sim.engine.oracle import KVOracle
 from sim.engine.workload import Request
 from sim.errors import InputError, KvraceError
 
-__all__ = ["DecodeCacheEngine", "DecodeReq", "DecodeSideError", "POLL_US"]
+__all__ = ["DecodeCacheEngine", "DecodeReq", "DecodeSideError", "POLL_US", "format_decode_side"]
 
 #: host delay (us) between two polls of a decode engine with nothing running but restores or
 #: pre-allocations pending
@@ -536,3 +536,28 @@ class DecodeCacheEngine(DecodeEngine):
             transfer_tokens=self.counts["transfer_tokens"], restores_failed=self.counts["restores_failed"],
             steps=self.counts["steps"], ownership_checks=self.counts["ownership_checks"],
             corrupted_reads=t.corrupted, corrupted_rids=sorted(rids))
+
+
+def format_decode_side(d: dict | None) -> list[str]:
+    """Summary lines of ``EngineResult.decode`` (``kvrace run``'s table, after the prefill
+    side's rows); no lines for None (the decode side in simulated time)."""
+    if d is None:
+        return []
+    rows = [
+        ("decode side", f"byte level, HiCache {'on' if d['hicache'] else 'off'}: {d['requests']} requests, "
+                        f"{d['steps']} steps"),
+        ("  corrupted requests", f"{d['requests_corrupted']}: {d['requests_raced']} raced, "
+                                 f"{d['requests_wrong_kv']} read KV not theirs"),
+        ("  reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn, "
+                    f"{d['wrong_kv_reads']} wrong KV; latent races {d['latent_races']}"),
+        ("  prefix tokens", f"{d['device_hit_tokens']} on device, {d['host_hit_tokens']} on host; "
+                            f"{d['transfer_tokens']} of {d['input_tokens']} input tokens transferred"),
+        ("  load-backs", f"{d['load_backs']} ({d['load_back_tokens']} tokens); backups {d['backups']}; "
+                         f"restores failed {d['restores_failed']}"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    out = [f"{k:<{w}}  {v}" for k, v in rows]
+    for c in d["corrupted_reads"][:5]:
+        out.append(f"  corrupted: {c['op']} ({c['role']}) {c['status']}, consumer {c['consumer_index']}, "
+                   f"requests {c['requests']}")
+    return out
