@@ -120,8 +120,8 @@ class DecodeReq:
 class DecodeCacheEngine(DecodeEngine):
     """The PD decode engine with byte-level pools (module doc).  ``session``: its own
     :class:`CacheSession` (``keep="report"``); ``hicache``: decode-side HiCache (its tree);
-    ``lookup``: rid -> the :class:`Request` (its tokens); ``judge``: an object with the
-    prefill engine's read-judging methods bound to this engine (``sim.engine.engine``)."""
+    ``lookup``: rid -> the :class:`Request` (its tokens).  ``finish()`` gives the decode
+    side's metrics (``EngineResult.decode``)."""
 
     # NOTE: a decode-side read is judged exactly as a prefill read (race verdict, requests hit,
     # index-K top-k, KV oracle): the prefill engine's methods, which use only the attributes
@@ -186,8 +186,9 @@ class DecodeCacheEngine(DecodeEngine):
         return not self.running and not self.prealloc and not self.transfer
 
     def next_event_us(self) -> float | None:
-        """When the decode side next changes: now while anything runs or a restore or a
-        pre-allocation waits on the pool, else the next arrival or transfer end."""
+        """When the decode side next changes: now while anything runs; else the next arrival
+        or transfer end, or one poll (``POLL_US``) ahead while a pre-allocation, a landed
+        transfer or a restore is waiting."""
         if self.running:
             return self.now
         cand = [t for t in [d.arrival_us for d in self.prealloc]
