@@ -79,3 +79,22 @@ def test_engine_completes_every_turn_after_its_decode(mode):
     assert (len(decode_ops) == e.decode.step_count) if mode == "colocated" else not decode_ops
     if mode == "pd":
         assert e.decode.transfer_bytes > 0
+
+
+def test_pd_decode_hicache_is_refused_where_sglang_refuses_it():
+    # SGLang 0.5.14 has no decode-side radix cache for hybrid SWA models (DeepSeek V4): the key
+    # is an error there, never silently ignored
+    with pytest.raises(InputError, match="hybrid SWA") as e:
+        load_scenario("incident", ["hicache.decode=true"])
+    assert e.value.where == "hicache.decode"
+    assert not load_scenario("incident", ["hicache.decode=false"]).hicache.decode
+    # dsa-v3.2 in PD: accepted, and the engine's decode side is the byte-level one
+    pd = ["deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4", "run.layers=2"]
+    sc = load_scenario("glm5-22811-small", pd)
+    assert sc.hicache.decode
+    from sim.engine.decode_hicache import DecodeCacheEngine
+    assert isinstance(PrefillEngine(sc, 0).decode, DecodeCacheEngine)
+    assert type(PrefillEngine(load_scenario("glm5-22811-small", pd + ["hicache.decode=false"]), 0).decode) \
+        is DecodeEngine
+    # colocated keeps both flags equal
+    assert load_scenario("glm5-22811-small").hicache.decode

@@ -63,7 +63,7 @@ def test_configuration_applies_the_fence_and_hypotheses():
     ("hicache.ratio=3", ("hicache", "ratio"), 3.0),
     ("workload.concurrency=1", ("workload", "concurrency"), 1),
     ("workload.concurrency=1_000", ("workload", "concurrency"), 1000),
-    ("hicache.decode=yes", ("hicache", "decode"), True),
+    ("hicache.decode=no", ("hicache", "decode"), False),
     ("run.one_step=off", ("run", "one_step"), False),
     ("run.duration_s=1e-3", ("run", "duration_s"), 0.001),
     ("model.index_k_dtype=fp8", ("model", "index_k_dtype"), "fp8"),

@@ -15,8 +15,9 @@ profile's PCIe figure stands in for the NIXL path between the two engines' GPUs)
 the running batch at the next step boundary (at most ``max_running`` requests; the rest
 queue in arrival order).  Steps run back to back while any request runs; a request
 finishes at the end of the step that produces its last output token.  No byte-level
-model of the decode engine's pools: with ``hicache.decode = false`` (the incident) nothing
-loads into them.
+model of the decode engine's pools here: with ``hicache.decode = false`` (the incident)
+nothing loads into them; with ``hicache.decode = true`` the engine uses
+:class:`sim.engine.decode_hicache.DecodeCacheEngine`, this class with its pools at byte level.
 
 Colocated mode uses :func:`decode_step_us` directly: the engine issues each decode step as
 a compute op on the forward stream between prefill batches.

@@ -155,15 +155,18 @@ class EngineResult:
     index_k_topk_changed: int = 0
     simulated_ranks: int = 1
     corrupted_reads_by_rank: list = field(default_factory=list)
+    decode: dict | None = None
 
     def to_dict(self) -> dict:
         """The fields as a dict; ``simulated_ranks`` and ``corrupted_reads_by_rank`` only when
-        more than one rank was simulated (so a one-rank result is what it was before TP ranks
-        were modelled)."""
+        more than one rank was simulated, ``decode`` only with a byte-level decode side (so a
+        one-rank result without it is what it was before either existed)."""
         d = dataclasses.asdict(self)
         if self.simulated_ranks == 1:
             d.pop("simulated_ranks")
             d.pop("corrupted_reads_by_rank")
+        if d["decode"] is None:
+            del d["decode"]
         return d
 
     def signature(self) -> dict:
@@ -312,6 +315,8 @@ class PrefillEngine:
                                    transfer_gbps=profile.h2d_gbps if self.pd else 1.0,
                                    bytes_per_token=kv_bytes_per_token(self.model, self.options) if self.pd else 0.0,
                                    transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
+        if self.pd and sc.hicache.decode:
+            self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise)
         self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
         # pool role -> (device buffer, layout): what the forward model reads
         self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
@@ -987,6 +992,9 @@ class PrefillEngine:
             races, races_total = run.online.races.listed(None), run.online.races.total
             oob = sum(o["side"] == "dst" for o in run.oob)
         corrupted_rids = t.raced | t.wrong
+        decode = self._decode_side_result()
+        if decode is not None:
+            corrupted_rids = corrupted_rids | set(decode["corrupted_rids"])
         by_buf: dict[str, int] = {}
         for race in races:
             by_buf[race["buffer"]] = by_buf.get(race["buffer"], 0) + 1
@@ -1004,7 +1012,34 @@ class PrefillEngine:
             hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(t.raced),
             requests_wrong_kv=len(t.wrong), wrong_kv_reads=t.wrong_reads,
             oracle_entries=sum(o.entries_checked for o in self.oracles), index_k_topk_changed=t.topk_changed,
-            simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank))
+            simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank), decode=decode)
+
+    def _decode_cache_engine(self, steps, profile, smodel: str, device_tokens: int, switches: dict,
+                             materialise: bool):
+        """PD with ``hicache.decode``: the decode engine at byte level on its own
+        ``CacheSession`` (``sim.engine.decode_hicache``), same pool geometry and HiCache
+        settings as the prefill's, its verdicts streamed (``keep="report"``)."""
+        from sim.engine.decode_hicache import DecodeCacheEngine
+
+        sc, cfg = self.scenario, self.config
+        session = CacheSession(
+            model=smodel, layers=self.model.n_layers, page_size=sc.hicache.page_size, device_tokens=device_tokens,
+            hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb), layout=sc.hicache.layout,
+            io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
+            load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
+            load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
+            seed=self.seed, materialise=materialise, keep="report", **switches)
+        # NOTE: the driver holds each request in flight until its turn completes, which is after
+        # the decode side has finished with it
+        return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests, transfer_gbps=profile.h2d_gbps,
+                                 bytes_per_token=kv_bytes_per_token(self.model, self.options),
+                                 transfer_latency_us=profile.memcpy_latency_us, session=session, hicache=True,
+                                 lookup=lambda rid: self.driver._in_flight[rid])
+
+    def _decode_side_result(self) -> dict | None:
+        """The byte-level decode side's metrics (``DecodeCacheEngine.finish``), or None."""
+        finish = getattr(self.decode, "finish", None)
+        return finish() if finish is not None else None
 
     @staticmethod
     def _read_bytes(read, info) -> np.ndarray:

@@ -272,6 +272,7 @@ class Scenario:
         if self.deployment.mode == "colocated" and self.hicache.decode != self.hicache.prefill:
             raise InputError("hicache.decode", f"expected hicache.prefill ({str(self.hicache.prefill).lower()}) in "
                              "colocated mode (one engine)")
+        check_decode_hicache(self)
         ps = self.hicache.page_size
         if self.scheduler.max_total_tokens % ps or self.scheduler.max_total_tokens < 2 * ps:
             raise InputError("scheduler.max_total_tokens", f"expected a multiple of page_size ({ps}) of at least "
@@ -286,6 +287,21 @@ class Scenario:
         if self.workload.kind == "trace":
             load_trace(self.workload.trace, self.workload.system_prompt_tokens)
         self.configuration()
+
+
+def check_decode_hicache(sc: "Scenario") -> None:
+    """PD with ``hicache.decode = true``: the decode engine runs at byte level with its own
+    HiCache (``sim.engine.decode_hicache``), which SGLang 0.5.14 offers only for models that
+    are not hybrid SWA: refused (an ``InputError`` naming ``hicache.decode``) for DeepSeek V4.
+
+    NOTE: SGLang's ``kv_cache_builder`` raises ``ValueError`` for
+    ``--disaggregation-decode-enable-radix-cache`` on a hybrid SWA model, and
+    ``DeepseekV4ForCausalLM`` is one (``is_hybrid_swa_model``): the decode side of the
+    incident's deployment cannot have HiCache (docs/engine.md)."""
+    if sc.deployment.mode == "pd" and sc.hicache.decode and model(sc.model.family).name != "dsa-v3.2":
+        raise InputError("hicache.decode", f"expected false for model {sc.model.family} in PD mode: SGLang 0.5.14 "
+                         "refuses the decode-side radix cache (and so decode-side HiCache) for hybrid SWA models "
+                         "such as DeepSeek V4; decode-side HiCache is modelled for dsa-v3.2, got true")
 
 
 def _toml_value(v) -> str:
