@@ -22,6 +22,7 @@ import numpy as np
 
 from kvrace.argtypes import int_at_least
 from kvrace.sweep_cli import ProgressBar, add_trace_option, check_trace_option, write_run_trace
+from sim.engine.decode_hicache import format_decode_side
 from sim.report_io import check_output_path, emit
 
 __all__ = ["add_parser", "format_run", "format_signatures", "export_races"]
@@ -65,20 +66,27 @@ def format_run(d: dict) -> str:
         ("latent races", f"{d['latent_races']}" + (f"  {d['latent_races_by_buffer']}" if d['latent_races'] else "")),
         ("out-of-bounds writes", f"{d['oob_writes']}"),
         ("load-backs", f"{d['load_backs']} ({d['load_back_tokens']} tokens); backups {d['backups']}"),
-        ("batches", f"{d['batches']} ({d['forwards_one_step']} forwards in one step, "
+        ("batches", f"{d['batches']} ({d['forwards_one_step']} forwards in one step"
+                    + (f" over {d['simulated_ranks']} ranks" if d.get("simulated_ranks", 1) > 1 else "") + ", "
                     f"{d['chunked_batches']} with a chunk of a longer prefill)"),
         ("simulated time", f"{d['sim_time_s']:.3f} s (wall {d['wall_time_s']:.1f} s)"),
     ]
+    if d.get("simulated_ranks", 1) > 1:
+        rows.insert(3, ("ranks", f"{d['simulated_ranks']} simulated in lockstep; corrupted reads by rank "
+                                 f"{d['corrupted_reads_by_rank']}"))
     w = max(len(k) for k, _ in rows)
     out = [f"{k:<{w}}  {v}" for k, v in rows]
-    out.append("copy branches (pool: routine x copies):")
+    out.extend(format_decode_side(d.get("decode")))
+    out.append("copy branches (pool: routine x copies" + (", per rank" if d.get("simulated_ranks", 1) > 1 else "")
+               + "):")
     if not d["branches"]:
         out.append("  none (no HiCache copies)")
     for pool, routines in d["branches"].items():
         out.append(f"  {pool}: " + ", ".join(f"{r} x {n}" for r, n in routines.items()))
     for c in d["corrupted_reads"][:10]:
         where = f"layer {c['layer']} {c['reader']}" if c["layer"] >= 0 else "every layer (one-step forward)"
-        out.append(f"corrupted: {c['op']} {where} ({c['role']}) {c['status']}, "
+        rank = f" rank {c['rank']}" if "rank" in c else ""
+        out.append(f"corrupted: {c['op']} {where}{rank} ({c['role']}) {c['status']}, "
                    f"{'waited' if c['waited'] else 'no wait'}, consumer {c['consumer_index']}, requests {c['requests']}")
     if len(d["corrupted_reads"]) > 10:
         out.append(f"... {len(d['corrupted_reads']) - 10} more corrupted reads (--json lists them all)")
