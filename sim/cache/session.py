@@ -551,7 +551,7 @@ class CacheSession:
                              "issued; expected keep='all' to read its recorded schedule")
         return self._ex.builder.schedule().to_json()
 
-    def set_read_sink(self, sink) -> None:
+    def set_read_sink(self, sink, *, digests: bool = True) -> None:
         """``keep="report"`` only: hand each read to ``sink(capture, expected_views, entry)``
         when the run captures it, instead of keeping its entry: ``capture`` is the read's
         :class:`~sim.executor.ReadCapture` (the views it saw), ``expected_views`` the same
@@ -559,13 +559,15 @@ class CacheSession:
         (``sim.verdicts.read_entry`` without detail: ``status`` ok, stale, torn or
         indeterminate).  Nothing of the read is kept after the call, so a run's memory does
         not grow with its reads; the finished run's ``analyse`` then lists no reads (the sink
-        had them).  Set it before the first read is issued."""
+        had them).  ``digests=False``: the entries leave out the views' provenance digests
+        (``OnlineVerdicts.on_read``), for a sink that uses the status only.  Set it before the
+        first read is issued."""
         if self.config.keep != "report":
             raise InputError("config.keep", "expected keep='report' for a read sink (a keep='all' session keeps "
                              "every read in its RunResult)")
         if self._sink is not None:
             raise KvraceError("this session has a read sink already")
-        self._ex.online.on_read(sink)
+        self._ex.online.on_read(sink, digests=digests)
         self._sink = sink
 
     def watch_writes(self, callback, buffers=None) -> None:

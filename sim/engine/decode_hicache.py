@@ -166,7 +166,7 @@ class DecodeCacheEngine(DecodeEngine):
         self.ranks = 1
         self.oracles = [self.oracle]
         self._tally = _Tally(by_rank=[0])
-        s.set_read_sink(self._on_read)
+        s.set_read_sink(self._on_read, digests=False)
         if self.oracle.incremental:
             s.watch_writes(self.oracle.written, [name for name, _ in self.buffers.values()])
 

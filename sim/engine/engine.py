@@ -340,7 +340,7 @@ class PrefillEngine:
         self.report: dict | None = None            # keep="all": the run's verdicts (analyse), after finish()
         self._tally = _Tally(by_rank=[0] * self.ranks)
         if self.keep == "report":
-            self.session.set_read_sink(self._on_read)
+            self.session.set_read_sink(self._on_read, digests=False)
             if self.oracle.incremental:
                 # NOTE: the oracle remembers verdicts of pages not written since (its module
                 # doc); every mutation of the run's memory makes it forget the pages touched
