@@ -209,9 +209,11 @@ def test_host_to_host_copy_is_refused_at_validation():
 def test_limits_are_named_and_checked_before_expansion(mutate, limit):
     doc = schedule_doc([])
     mutate(doc)
-    t0 = time.perf_counter()
+    # NOTE: CPU time of this process, not wall time: a loaded CI machine must not fail it, and
+    # expanding the limit's input first would cost far more than 2 CPU s
+    t0 = time.process_time()
     assert limit in err(doc)
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
 
 
 def test_total_indices_and_read_limits():
@@ -220,9 +222,9 @@ def test_total_indices_and_read_limits():
             {"name": "E", "location": "device", "layout": big}]
     cp = {"op": "copy", "stream": "s0", "routine": "kernel_all_layer", "src": "D", "dst": "E",
           "args": {"src_indices": {"start": 0, "count": 1 << 20}, "dst_indices": {"start": 0, "count": 1 << 20}}}
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     assert "MAX_TOTAL_INDICES" in err(schedule_doc([cp], buffers=bufs))
-    assert time.perf_counter() - t0 < 2.0
+    assert time.process_time() - t0 < 2.0
     rd = {"op": "read", "stream": "s0", "buffer": "D", "layer": 0, "units": {"start": 0, "count": 1 << 17}}
     assert "MAX_READ_EXTENTS" in err(schedule_doc([rd], buffers=bufs))
     rd = {"op": "read", "stream": "s0", "buffer": "D", "ranges": [[0, 1 << 28]]}
