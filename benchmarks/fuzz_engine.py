@@ -1,0 +1,523 @@
+"""Fuzz ``kvrace run`` with random scenarios and overrides nobody tried (issue 9 robustness).
+
+Each case is a shipped preset (or a scenario TOML file written for the case, sometimes
+malformed) with small-run overrides (``run.layers`` 1-4, short ``run.duration_s``, few
+sessions and turns, small contexts and pools) and random overrides of every scenario key
+(``docs/scenarios.md``): valid values, boundary values and invalid ones (wrong types, out of
+range, unknown keys and sections, impossible combinations, malformed trace files).  Every case
+runs through the CLI, ``python -m kvrace run FILE|PRESET --set ... --json -``, in a child
+process with a timeout, and is classified:
+
+* ``OK``: exit 0 and JSON with issue 9's keys whose invariants hold (:func:`invariants`);
+* ``INPUT``: exit != 0 and stderr exactly one line ``kvrace: error: <key>: expected ...``
+  naming a key, no traceback;
+* ``BUG``: a traceback, a timeout, an error naming no key, a broken invariant, or a result
+  for an input the fuzzer knows must be refused (an override drawn as invalid).
+
+Usage::
+
+    python benchmarks/fuzz_engine.py --cases 300 --seed 0 --jobs 2 --timeout 60 \
+        --bugs /tmp/fuzz_bugs.json
+
+prints a table (cases per class, per preset) and writes the bugs (preset, overrides, symptom,
+the last lines of stderr) as JSON.  ``draw_case(rng)`` / ``run_case(case)`` / ``classify``
+are the pieces ``tests/test_engine_fuzz.py`` uses.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+__all__ = ["Case", "Outcome", "draw_case", "run_case", "classify", "invariants", "main"]
+
+PRESETS = ("incident", "incident-short", "incident-repro", "glm5-22811", "glm5-22811-small")
+PAGE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
+PRESET_FAMILY = {"incident": "deepseek-v4-flash", "incident-short": "deepseek-v4-flash",
+                 "incident-repro": "deepseek-v4-flash", "glm5-22811": "dsa-v3.2", "glm5-22811-small": "dsa-v3.2"}
+GATE_MAPS = ("incident-fork", "upstream-0.5.10", "upstream-0.5.11")
+HYPOTHESES = ("host-freed-during-load", "index-k-c4-token-copy", "index-k-not-backed-up", "index-k-stride-mismatch",
+              "load-unfenced", "none", "ungated-index-k", "ungated-index-k-bf16")
+PROFILES = ("h200", "rtx-pro-6000", "h200-calibrated", "h200-calibrated-sglang")
+RUN_KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads",
+            "torn_reads", "latent_races", "oob_writes", "load_backs", "branches", "sim_time_s", "wall_time_s")
+_ERROR_LINE = re.compile(r"^kvrace: error: (\S+): (.+)$")
+
+
+@dataclass
+class Case:
+    """One ``kvrace run``: ``target`` is a preset name or a file written from ``file_text``;
+    ``invalid`` lists the overridden keys drawn with a value that must be refused."""
+
+    index: int
+    preset: str
+    overrides: list[str]
+    invalid: list[str] = field(default_factory=list)
+    file_text: str | None = None
+    trace_text: str | None = None
+    seed_arg: int | None = None
+
+
+@dataclass
+class Outcome:
+    case: Case
+    klass: str              # OK | INPUT | BUG
+    symptom: str
+    rc: int | None
+    wall_s: float
+    stderr_tail: str = ""
+
+
+# ------------------------------------------------------------------ drawing cases
+
+def _small(rng: random.Random, family: str) -> dict[str, str]:
+    """Overrides that keep a run to seconds: few layers, sessions, turns, small contexts and pools."""
+    ps = PAGE[family]
+    o = {
+        # NOTE: DeepSeek V4 needs its first C4 layer (layer 2): 3 layers at least
+        "run.layers": rng.choice([1, 2, 2, 3, 4] if family == "dsa-v3.2" else [3, 3, 4]),
+        "run.duration_s": rng.choice([0.05, 0.2, 0.5, 1.0]),
+        "workload.sessions": rng.choice([1, 2, 3, 4]),
+        "workload.concurrency": rng.choice([1, 2, 3]),
+        "workload.max_turns": rng.choice([1, 2, 3]),
+        "workload.system_prompt_tokens": rng.choice([0, 16, 64]),
+        "workload.first_turn_tokens": rng.choice([128, 300, 512]),
+        "workload.user_tokens_min": 32,
+        "workload.user_tokens_max": rng.choice([64, 200]),
+        "workload.output_tokens_min": rng.choice([1, 4]),
+        "workload.output_tokens_max": rng.choice([4, 16]),
+        "workload.max_context_tokens": rng.choice([1024, 2048]),
+        "workload.think_time_s": rng.choice([0, 0.01]),
+        "scheduler.max_total_tokens": ps * rng.choice([8, 16, 32]),
+        "scheduler.chunked_prefill_size": rng.choice([-1, ps, 2 * ps, 4 * ps]),
+    }
+    return {k: str(v) for k, v in o.items()}
+
+
+def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str, bool]]:
+    """(key, value text, must be refused) for every scenario key: valid, boundary and invalid values."""
+    ps = PAGE[family]
+    hyps = ",".join(rng.sample(HYPOTHESES, rng.randint(0, 3)))
+    bad_gate = os.path.join(tmp, "bad_gate.toml")
+    return [
+        ("model.family", rng.choice(list(PAGE)), False), ("model.family", "llama", True),
+        ("model.index_k_dtype", rng.choice(["fp8", "bf16"]), False), ("model.index_k_dtype", "int4", True),
+        ("model.index_k_store", rng.choice(["fused", "fallback"]), False), ("model.index_k_store", "7", True),
+        ("model.indexer_path", rng.choice(["cuda", "cuda_cp", "other"]), False),
+        ("model.indexer_path", "", True),
+        ("variant.gate_map", rng.choice(GATE_MAPS), False), ("variant.gate_map", "nomap", True),
+        ("variant.gate_map", bad_gate, True),
+        ("variant.hypotheses", hyps, False), ("variant.hypotheses", "none,bogus", True),
+        ("deployment.mode", rng.choice(["pd", "colocated"]), False), ("deployment.mode", "both", True),
+        ("deployment.gpus", rng.choice(["1", "2", "4", "8", "16"]), False), ("deployment.gpus", "0", True),
+        ("deployment.gpus", "eight", True),
+        ("deployment.prefill_tp", rng.choice(["1", "2", "4", "8"]), False), ("deployment.prefill_tp", "0", True),
+        ("deployment.decode_tp", rng.choice(["1", "2", "4", "8"]), False), ("deployment.decode_tp", "3", True),
+        ("deployment.decode_tp", "-4", True),
+        ("deployment.profile", rng.choice(PROFILES), False), ("deployment.profile", "nope", True),
+        ("deployment.simulated_ranks", str(rng.randint(1, 4)), False),
+        ("deployment.simulated_ranks", "0", True), ("deployment.simulated_ranks", "2.5", True),
+        ("hicache.prefill", rng.choice(["true", "false", "on", "0"]), False), ("hicache.prefill", "maybe", True),
+        ("hicache.decode", rng.choice(["true", "false", "yes", "off"]), False), ("hicache.decode", "2", True),
+        ("hicache.page_size", rng.choice([str(ps), "1", "16", str(2 * ps)]), False),
+        ("hicache.page_size", "0", True),
+        ("hicache.ratio", rng.choice(["1", "1.0", "1.5", "2", "4", "1e1"]), False),
+        ("hicache.ratio", rng.choice(["0.5", "nan", "inf", "abc", "-1"]), True),
+        ("hicache.size_gb", rng.choice(["0", "1"]), False), ("hicache.size_gb", "-1", True),
+        ("hicache.io_backend", rng.choice(["kernel", "direct"]), False), ("hicache.io_backend", "mmap", True),
+        ("hicache.layout", rng.choice(["layer_first", "page_first", "page_first_direct"]), False),
+        ("hicache.layout", "page_last", True),
+        ("hicache.write_policy", rng.choice(["write_through", "write_through_selective", "write_back"]), False),
+        ("hicache.write_policy", "write_around", True),
+        ("hicache.load_fence", rng.choice(["true", "false"]), False), ("hicache.load_fence", "sometimes", True),
+        ("hicache.load_back_threshold", rng.choice(["0", "1", "10", "100000"]), False),
+        ("hicache.load_back_threshold", "-1", True),
+        ("scheduler.chunked_prefill_size", rng.choice(["-1", str(ps), str(ps + 1), "1_000_000"]), False),
+        ("scheduler.chunked_prefill_size", rng.choice(["-2", "x"]), True),
+        ("scheduler.chunked_prefill_size", str(ps - 1), True),
+        ("scheduler.max_running_requests", rng.choice(["1", "2", "128"]), False),
+        ("scheduler.max_running_requests", "0", True),
+        ("scheduler.max_total_tokens", str(ps * rng.choice([2, 3, 4, 64])), False),
+        ("scheduler.max_total_tokens", rng.choice([str(ps), str(2 * ps + 1), "0"]), True),
+        ("scheduler.overlap", rng.choice(["true", "false"]), False), ("scheduler.overlap", "1.5", True),
+        ("scheduler.event_loop", rng.choice(["normal", "overlap"]), False), ("scheduler.event_loop", "fast", True),
+        ("workload.kind", "synthetic", False), ("workload.kind", "replay", True),
+        ("workload.concurrency", rng.choice(["1", "2", "4"]), False), ("workload.concurrency", "0", True),
+        ("workload.sessions", rng.choice(["0", "1", "5"]), False), ("workload.sessions", "-1", True),
+        ("workload.arrival", rng.choice(["closed", "poisson"]), False), ("workload.arrival", "batch", True),
+        ("workload.arrival_rate_per_s", rng.choice(["0.5", "100", "1e6"]), False),
+        ("workload.arrival_rate_per_s", rng.choice(["0", "-1", "inf"]), True),
+        ("workload.think_time_s", rng.choice(["0", "0.1", "5"]), False), ("workload.think_time_s", "-0.1", True),
+        ("workload.system_prompt_tokens", rng.choice(["0", "1", "128"]), False),
+        ("workload.system_prompt_tokens", "-1", True),
+        ("workload.first_turn_tokens", rng.choice(["1", "4", "64", "1000"]), False),
+        ("workload.first_turn_tokens", "0", True),
+        ("workload.max_context_tokens", rng.choice(["1", "64", "600", "100000"]), False),
+        ("workload.max_context_tokens", "0", True),
+        ("workload.max_turns", rng.choice(["0", "1", "3"]), False), ("workload.max_turns", "-1", True),
+        ("workload.user_tokens_min", rng.choice(["1", "100"]), False), ("workload.user_tokens_min", "0", True),
+        ("workload.user_tokens_max", rng.choice(["1", "100", "500"]), False),
+        ("workload.output_tokens_min", rng.choice(["1", "50"]), False), ("workload.output_tokens_min", "0", True),
+        ("workload.output_tokens_max", rng.choice(["1", "50", "300"]), False),
+        ("workload.vocab_size", rng.choice(["2", "3", "1000", "129280"]), False),
+        ("workload.vocab_size", "1", True),
+        ("run.duration_s", rng.choice(["0.001", "0.3", "1e-6"]), False),
+        ("run.duration_s", rng.choice(["0", "-1", "nan", "inf"]), True),
+        ("run.seed", rng.choice(["0", "1", "123456789"]), False), ("run.seed", "-1", True),
+        ("run.one_step", rng.choice(["true", "false"]), False), ("run.one_step", "perhaps", True),
+        ("run.layers", str(rng.randint(1, 4)), False), ("run.layers", "1000", True), ("run.layers", "-1", True),
+        ("hicache.nokey", "1", True), ("nosection.x", "1", True), ("run", "1", True),
+        ("name", rng.choice(["fuzz", "", "a b"]), False), ("description", "fuzzed", False),
+    ]
+
+
+_TRACES = {
+    "ok": '{"session": "a", "turn": 0, "input_tokens": 300, "output_tokens": 8}\n'
+          '{"session": "a", "turn": 1, "input_tokens": 400, "output_tokens": 8}\n'
+          '{"session": 2, "turn": 0, "input_tokens": 500, "output_tokens": 4, "arrival_s": 0.01}\n',
+    "json": '{"session": "a", "turn": 0, "input_tokens": 300\n',
+    "empty": "\n\n",
+    "order": '{"session": "a", "turn": 1, "input_tokens": 300, "output_tokens": 8}\n',
+    "shrink": '{"session": "a", "turn": 0, "input_tokens": 300, "output_tokens": 8}\n'
+              '{"session": "a", "turn": 1, "input_tokens": 200, "output_tokens": 8}\n',
+    "types": '{"session": true, "turn": 0, "input_tokens": 300, "output_tokens": 8}\n',
+    "extra": '{"session": "a", "turn": 0, "input_tokens": 300, "output_tokens": 8, "colour": 1}\n',
+    "array": '[1, 2]\n',
+    "arrival": '{"session": "a", "turn": 0, "input_tokens": 300, "output_tokens": 8, "arrival_s": -1}\n',
+    "short": '{"session": "a", "turn": 0, "input_tokens": 1, "output_tokens": 8}\n',
+    "huge": '{"session": "a", "turn": 0, "input_tokens": 100000, "output_tokens": 8}\n',
+    "binary": "\udcff",
+}
+
+
+def draw_case(rng: random.Random, index: int = 0, tmp: str | None = None) -> Case:
+    """A random case (module doc); ``tmp``: the folder for the case's files (a bad gate map)."""
+    tmp = tmp or tempfile.gettempdir()
+    preset = rng.choice(PRESETS)
+    family = PRESET_FAMILY[preset]
+    over = _small(rng, family)
+    invalid: list[str] = []
+    muts = _mutations(rng, family, tmp)
+    want_bad = rng.random() < 0.3
+    picks = rng.sample(muts, rng.randint(1, 6))
+    if not want_bad:
+        picks = [m for m in picks if not m[2]]
+    elif not any(m[2] for m in picks):
+        picks.append(rng.choice([m for m in muts if m[2]]))
+    # feature focus: the two new features and the overlap loop, on every model
+    if rng.random() < 0.5:
+        picks.append(("deployment.simulated_ranks", str(rng.randint(1, 4)), False))
+    if rng.random() < 0.4:
+        picks.append(("hicache.decode", rng.choice(["true", "false"]), False))
+        if rng.random() < 0.7:
+            picks += [("model.family", "dsa-v3.2", False), ("hicache.page_size", "64", False),
+                      ("deployment.mode", "pd", False), ("variant.gate_map", rng.choice(GATE_MAPS[1:]), False),
+                      ("model.index_k_dtype", "fp8", False)]
+            family = "dsa-v3.2"
+    if rng.random() < 0.3:
+        picks += [("scheduler.overlap", "true", False), ("scheduler.event_loop", "overlap", False)]
+    if rng.random() < 0.6:          # a consistent deployment (most random ones are refused)
+        if rng.random() < 0.6:
+            ptp, dtp, gpus = rng.choice([(1, 1, 2), (2, 2, 4), (4, 4, 8), (2, 2, 8), (4, 2, 6), (1, 2, 3)])
+            picks += [("deployment.mode", "pd", False)]
+        else:
+            ptp, gpus = rng.choice([(1, 1), (2, 2), (4, 4), (4, 8), (8, 8), (2, 8)])
+            dtp = ptp
+            h = rng.choice(["true", "false"])
+            picks += [("deployment.mode", "colocated", False), ("hicache.prefill", h, False),
+                      ("hicache.decode", h, False)]
+        picks += [("deployment.prefill_tp", str(ptp), False), ("deployment.decode_tp", str(dtp), False),
+                  ("deployment.gpus", str(gpus), False),
+                  ("deployment.simulated_ranks", str(rng.randint(1, ptp)), False)]
+    for key, value, bad in picks:
+        if key == "model.family" and not bad and value != family:
+            family = value
+            if family == "deepseek-v4-flash" and over.get("run.layers") in ("1", "2"):
+                over["run.layers"] = "3"
+            # mostly keep the run consistent with the new family (its forced page, a fitting gate map)
+            if rng.random() < 0.85:
+                over["hicache.page_size"] = str(PAGE[family])
+                over["scheduler.max_total_tokens"] = str(PAGE[family] * rng.choice([8, 16]))
+                over["scheduler.chunked_prefill_size"] = rng.choice(["-1", str(PAGE[family] * 4)])
+                over["variant.gate_map"] = "incident-fork" if family == "deepseek-v4-flash" else "upstream-0.5.11"
+                over["model.index_k_dtype"] = "bf16" if family == "deepseek-v4-flash" else "fp8"
+        if key in over:
+            del over[key]               # the drawn value replaces the small-run one, in draw order
+        over[key] = value
+        if bad:
+            invalid.append(key)
+    if "deployment.simulated_ranks" in over and rng.random() < 0.7:
+        r = over["deployment.simulated_ranks"]
+        if r.isdigit() and int(r) > 1:                      # room for the ranks most of the time
+            over.setdefault("deployment.prefill_tp", "4")
+            over.setdefault("deployment.decode_tp", "4")
+    # the last value of a key wins: keep only each key's last value (in order) and recompute `invalid`
+    items = list(over.items())
+    invalid = [k for k in dict.fromkeys(invalid) if any(k == key and _is_bad(k, v, muts) for key, v in items)]
+    case = Case(index, preset, [f"{k}={v}" for k, v in items], invalid)
+    r = rng.random()
+    if r < 0.12:        # a trace replay, sometimes malformed
+        kind = rng.choice(list(_TRACES))
+        case.trace_text = _TRACES[kind]
+        case.overrides += ["workload.kind=trace", "workload.system_prompt_tokens=16"]
+        if kind != "ok" and kind != "huge":
+            case.invalid.append("workload.trace")
+    elif r < 0.2:       # a scenario file: base preset + a table, sometimes malformed
+        kind = rng.choice(["ok", "toml", "unknown", "base", "type", "nobase"])
+        case.file_text = {
+            "ok": f'base = "{preset}"\n[workload]\nsessions = 2\n',
+            "toml": f'base = "{preset}"\n[workload\nsessions = 2\n',
+            "unknown": f'base = "{preset}"\n[workload]\nsesions = 2\n',
+            "base": 'base = "nopreset"\n',
+            "type": f'base = "{preset}"\n[hicache]\nratio = "two"\n',
+            "nobase": '[run]\nlayers = 2\nduration_s = 0.1\n[workload]\nsessions = 1\nmax_turns = 1\n'
+                      'first_turn_tokens = 300\n[scheduler]\nmax_total_tokens = 4096\n',
+        }[kind]
+        if kind not in ("ok", "nobase"):
+            case.invalid.append("<file>")
+    elif r < 0.25:
+        case.overrides.append(rng.choice(["badformat", "=1", "hicache.ratio"]))
+        case.invalid.append("--set")
+    if rng.random() < 0.1:
+        case.seed_arg = rng.choice([0, 7, 2**31])
+    return case
+
+
+def _is_bad(key: str, value: str, muts) -> bool:
+    return any(k == key and v == value and bad for k, v, bad in muts) and \
+        not any(k == key and v == value and not bad for k, v, bad in muts)
+
+
+# ------------------------------------------------------------------ running and judging
+
+def invariants(d: dict) -> list[str]:
+    """The result's broken invariants (empty: all hold)."""
+    bad = []
+    missing = [k for k in RUN_KEYS if k not in d]
+    if missing:
+        return [f"missing keys {missing}"]
+    for k, v in d.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and (v < 0 or not math.isfinite(v)):
+            bad.append(f"{k} = {v}")
+    tot, cor = d["requests_total"], d["requests_corrupted"]
+    if cor > tot:
+        bad.append(f"requests_corrupted {cor} > requests_total {tot}")
+    frac = cor / tot if tot else 0.0
+    if abs(d["corrupted_fraction"] - frac) > 1e-9:
+        bad.append(f"corrupted_fraction {d['corrupted_fraction']} != {cor}/{tot}")
+    ab = d.get("requests_aborted", 0)
+    if d.get("requests_completed", 0) + ab != tot:
+        bad.append(f"requests_completed {d.get('requests_completed')} + aborted {ab} != requests_total {tot}")
+    if ab != len(d.get("aborted_requests", [])) or any(not a.get("reason") for a in d.get("aborted_requests", [])):
+        bad.append("aborted requests without a reason")
+    if d.get("requests_raced", 0) > cor or d.get("requests_wrong_kv", 0) > cor:
+        bad.append("requests_raced/wrong_kv above requests_corrupted")
+    if d["stale_reads"] + d["torn_reads"] > d.get("reads_total", math.inf):
+        bad.append("stale + torn reads above reads_total")
+    if (cor > 0) != bool(d.get("corrupted_reads")):
+        bad.append(f"{cor} corrupted requests but {len(d.get('corrupted_reads', []))} corrupted reads listed")
+    for pool, routines in d["branches"].items():
+        if not isinstance(routines, dict) or any(not isinstance(n, int) or n < 0 for n in routines.values()):
+            bad.append(f"branches[{pool}] = {routines}")
+    if "corrupted_reads_by_rank" in d:
+        by = d["corrupted_reads_by_rank"]
+        if len(by) != d.get("simulated_ranks"):
+            bad.append(f"corrupted_reads_by_rank has {len(by)} entries for {d.get('simulated_ranks')} ranks")
+        if sum(by) != len(d["corrupted_reads"]):
+            bad.append(f"corrupted_reads_by_rank sums to {sum(by)}, {len(d['corrupted_reads'])} corrupted reads")
+    if not d.get("hicache", True) and (d["load_backs"] or d["branches"]):
+        bad.append("HiCache off but load-backs or copy branches")
+    dec = d.get("decode")
+    if dec is not None:
+        for k, v in dec.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                bad.append(f"decode.{k} = {v}")
+        if dec["requests_corrupted"] > dec["requests"]:
+            bad.append("decode: requests_corrupted > requests")
+        if dec["requests"] > tot:
+            bad.append(f"decode: {dec['requests']} requests > requests_total {tot}")
+        if dec["stale_reads"] + dec["torn_reads"] > dec["reads_total"]:
+            bad.append("decode: stale + torn above reads_total")
+        if dec["requests_corrupted"] != len(dec.get("corrupted_rids", [])):
+            bad.append("decode: requests_corrupted != len(corrupted_rids)")
+        if dec["device_hit_tokens"] + dec["host_hit_tokens"] + dec["transfer_tokens"] > dec["input_tokens"]:
+            bad.append("decode: hit + transferred tokens above input tokens")
+        if dec["restores_failed"] > dec["requests"]:
+            bad.append("decode: restores_failed above requests")
+        if not dec["hicache"] and (dec["load_backs"] or dec["backups"]):
+            bad.append("decode: HiCache off but load-backs or backups")
+    return bad
+
+
+_HEADS = {"deepseek-v4-flash": 64, "dsa-v3.2": 128}
+_LAYERS = {"deepseek-v4-flash": 43, "dsa-v3.2": 61}
+_BASE = {  # the keys of the presets that the combinations below read (docs/scenarios.md)
+    "incident": dict(mode="pd", prefill_tp=4, decode_tp=4, gpus=8, hic_p=True, hic_d=False),
+    "incident-short": dict(mode="pd", prefill_tp=4, decode_tp=4, gpus=8, hic_p=True, hic_d=False),
+    "incident-repro": dict(mode="pd", prefill_tp=4, decode_tp=4, gpus=8, hic_p=True, hic_d=False),
+    "glm5-22811": dict(mode="colocated", prefill_tp=8, decode_tp=8, gpus=8, hic_p=True, hic_d=True),
+    "glm5-22811-small": dict(mode="colocated", prefill_tp=8, decode_tp=8, gpus=8, hic_p=True, hic_d=True),
+}
+_BOOL = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+def must_refuse(case: Case) -> list[str]:
+    """Impossible combinations in a preset case's final overrides (docs/scenarios.md's table):
+    the keys a run must not accept.  Only the combinations the fuzzer can tell from the
+    overrides alone (a case with a file or a trace is left to ``case.invalid``)."""
+    if case.file_text is not None:
+        return []
+    o = {}
+    for item in case.overrides:
+        k, eq, v = item.partition("=")
+        if eq:
+            o[k] = v
+    b = _BASE[case.preset]
+    try:
+        fam = o.get("model.family", PRESET_FAMILY[case.preset])
+        if fam not in PAGE:
+            return []
+        ps = int(o.get("hicache.page_size", PAGE[PRESET_FAMILY[case.preset]]))
+        ptp, dtp = int(o.get("deployment.prefill_tp", b["prefill_tp"])), int(o.get("deployment.decode_tp", b["decode_tp"]))
+        gpus = int(o.get("deployment.gpus", b["gpus"]))
+        mode = o.get("deployment.mode", b["mode"])
+        hp = _BOOL[o.get("hicache.prefill", str(b["hic_p"]).lower())]
+        hd = _BOOL[o.get("hicache.decode", str(b["hic_d"]).lower())]
+        ranks = int(o.get("deployment.simulated_ranks", "1"))
+        layers = int(o.get("run.layers", "0"))
+        min_layers = 3 if fam == "deepseek-v4-flash" else 1
+    except (ValueError, KeyError):
+        return []
+    bad = []
+    if ps != PAGE[fam]:
+        bad.append("hicache.page_size")
+    if _HEADS[fam] % max(ptp, 1) or _HEADS[fam] % max(dtp, 1):
+        bad.append("deployment.*_tp (heads)")
+    if mode == "pd" and ptp > 0 and dtp > 0 and gpus % (ptp + dtp):
+        bad.append("deployment.*_tp (gpus)")
+    if mode == "colocated" and (dtp != ptp or (ptp > 0 and gpus % ptp) or hp != hd):
+        bad.append("deployment colocated")
+    if ranks > ptp:
+        bad.append("deployment.simulated_ranks")
+    if mode == "pd" and hd and fam == "deepseek-v4-flash":
+        bad.append("hicache.decode (V4)")
+    if layers > _LAYERS[fam] or 0 < layers < min_layers:
+        bad.append("run.layers")
+    return bad
+
+
+def classify(case: Case, rc: int | None, stdout: str, stderr: str) -> tuple[str, str]:
+    """(class, symptom) of a finished case (module doc); ``rc`` None: timed out."""
+    if rc is None:
+        return "BUG", "timeout"
+    if "Traceback (most recent call last)" in stderr:
+        last = [ln for ln in stderr.strip().splitlines() if ln.strip()][-1]
+        return "BUG", f"traceback: {last[:300]}"
+    if rc == 0:
+        refuse = case.invalid or must_refuse(case)
+        if refuse:
+            return "BUG", f"accepted invalid input ({', '.join(refuse)})"
+        try:
+            d = json.loads(stdout)
+        except json.JSONDecodeError as e:
+            return "BUG", f"exit 0 but no JSON on stdout ({e.msg})"
+        broken = invariants(d)
+        return ("BUG", "invariant: " + "; ".join(broken)) if broken else ("OK", "")
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
+    if len(lines) != 1:
+        return "BUG", f"exit {rc} with {len(lines)} stderr lines: {' | '.join(lines)[:300]}"
+    m = _ERROR_LINE.match(lines[0])
+    if not m:
+        return "BUG", f"exit {rc}, error without a key: {lines[0][:300]}"
+    if "expected" not in m.group(2):
+        return "BUG", f"exit {rc}, error says nothing expected: {lines[0][:300]}"
+    return "INPUT", m.group(1)
+
+
+def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outcome:
+    tmp = tmp or tempfile.mkdtemp(prefix="kvfuzz")
+    os.makedirs(tmp, exist_ok=True)
+    with open(os.path.join(tmp, "bad_gate.toml"), "w") as f:
+        f.write("[gated\nx = 1\n")
+    target = case.preset
+    over = list(case.overrides)
+    if case.trace_text is not None:
+        p = os.path.join(tmp, f"trace_{case.index}.jsonl")
+        with open(p, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(case.trace_text)
+        over.append(f"workload.trace={p}")
+    if case.file_text is not None:
+        target = os.path.join(tmp, f"case_{case.index}.toml")
+        with open(target, "w") as f:
+            f.write(case.file_text)
+    cmd = [sys.executable, "-m", "kvrace", "run", target, "--json", "-", "--progress", "never"]
+    for o in over:
+        cmd += ["--set", o]
+    if case.seed_arg is not None:
+        cmd += ["--seed", str(case.seed_arg)]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, "PYTHONPATH": ROOT})
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = None, "", (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else ""
+    wall = time.monotonic() - t0
+    klass, symptom = classify(case, rc, out, err)
+    return Outcome(case, klass, symptom, rc, wall, err[-2000:] if klass == "BUG" else "")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--bugs", default="fuzz_bugs.json", help="where the bugs go (JSON)")
+    ap.add_argument("--first", type=int, default=0, help="first case index (resume)")
+    a = ap.parse_args(argv)
+    tmp = tempfile.mkdtemp(prefix="kvfuzz")
+    rng = random.Random(a.seed)
+    cases = [draw_case(rng, i, tmp) for i in range(a.first + a.cases)][a.first:]
+    outcomes: list[Outcome] = []
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(a.jobs) as ex:
+        for o in ex.map(lambda c: run_case(c, a.timeout, tmp), cases):
+            outcomes.append(o)
+            mark = "" if o.klass != "BUG" else f"  {o.symptom[:150]}"
+            print(f"[{o.case.index:4d}] {o.klass:5s} {o.wall_s:5.1f}s {o.case.preset}{mark}", flush=True)
+    classes = ("OK", "INPUT", "BUG")
+    print(f"\n{len(outcomes)} cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
+    print(f"{'preset':<18}" + "".join(f"{c:>7}" for c in classes))
+    for p in PRESETS:
+        row = [sum(o.klass == c and o.case.preset == p for o in outcomes) for c in classes]
+        print(f"{p:<18}" + "".join(f"{n:>7}" for n in row))
+    print(f"{'all':<18}" + "".join(f"{sum(o.klass == c for o in outcomes):>7}" for c in classes))
+    keys: dict[str, int] = {}
+    for o in outcomes:
+        if o.klass == "INPUT":
+            keys[o.symptom] = keys.get(o.symptom, 0) + 1
+    print("input errors by key: " + ", ".join(f"{k} {n}" for k, n in sorted(keys.items(), key=lambda x: -x[1])))
+    bugs = [{"preset": o.case.preset, "overrides": o.case.overrides, "invalid": o.case.invalid,
+             "file_text": o.case.file_text, "trace_text": o.case.trace_text, "seed_arg": o.case.seed_arg,
+             "index": o.case.index, "symptom": o.symptom, "rc": o.rc, "stderr_tail": o.stderr_tail}
+            for o in outcomes if o.klass == "BUG"]
+    with open(a.bugs, "w") as f:
+        json.dump(bugs, f, indent=1)
+    print(f"{len(bugs)} bugs written to {a.bugs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
