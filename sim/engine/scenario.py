@@ -366,7 +366,7 @@ def _read_doc(name_or_path: str, depth: int = 0) -> dict:
     try:
         doc = tomllib.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise InputError(where, f"not a valid TOML scenario: {e}") from None
+        raise InputError(where, f"expected a valid TOML scenario, got a TOML error: {e}") from None
     trace = doc.get("workload", {}).get("trace") if isinstance(doc.get("workload"), dict) else None
     if here and isinstance(trace, str) and trace and not os.path.isabs(trace):
         doc["workload"]["trace"] = os.path.join(here, trace)     # relative to the scenario file
@@ -395,6 +395,8 @@ def apply_overrides(doc: dict, overrides: Iterable[str]) -> dict:
             raise InputError("--set", f"expected key=value (e.g. hicache.ratio=3), got {show(item)}")
         key, text = item.split("=", 1)
         key = key.strip()
+        if not key:
+            raise InputError("--set", f"expected key=value with a key (e.g. hicache.ratio=3), got {show(item)}")
         if key in _TOP:
             doc[key] = text
             continue
