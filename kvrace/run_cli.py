@@ -59,7 +59,9 @@ def format_run(d: dict) -> str:
     """The summary table of one run's metrics (``EngineResult.to_dict()``)."""
     rows = [
         ("scenario", f"{d['scenario']} (seed {d['seed']}, {d['layers']} layers)"),
-        ("requests", f"{d['requests_total']} ({d['requests_completed']} completed)"),
+        ("requests", f"{d['requests_total']} ({d['requests_completed']} completed"
+                     + (f", {d['requests_aborted']} aborted: {d['aborted_requests'][0]['reason']}"
+                        if d.get("requests_aborted") else "") + ")"),
         ("corrupted requests", f"{d['requests_corrupted']} ({100 * d['corrupted_fraction']:.1f} %): "
                                f"{d['requests_raced']} raced, {d['requests_wrong_kv']} read KV not theirs"),
         ("reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn"),

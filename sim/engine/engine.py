@@ -121,7 +121,13 @@ class EngineResult:
     ``torn_reads``, ``wrong_kv_reads``, ``oracle_entries``, ``forwards_one_step`` and
     ``latent_races`` count over all ranks; ``corrupted_reads`` entries carry their ``rank``;
     ``corrupted_reads_by_rank[r]``: rank r's corrupted reads; ``branches``, ``backups`` and
-    ``load_backs`` count one rank's (every rank issues the same copies)."""
+    ``load_backs`` count one rank's (every rank issues the same copies).
+
+    ``requests_aborted``: requests the scheduler refused at admission, as SGLang's
+    ``validate_input_length`` does (an input of ``max_req_input_len`` tokens or more: the
+    device pool less 6); ``aborted_requests`` lists each (``rid``, ``input_tokens``,
+    ``reason``).  Every released request ends completed or aborted:
+    ``requests_completed + requests_aborted == requests_total``."""
 
     scenario: str
     seed: int
@@ -156,17 +162,22 @@ class EngineResult:
     simulated_ranks: int = 1
     corrupted_reads_by_rank: list = field(default_factory=list)
     decode: dict | None = None
+    requests_aborted: int = 0
+    aborted_requests: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The fields as a dict; ``simulated_ranks`` and ``corrupted_reads_by_rank`` only when
-        more than one rank was simulated, ``decode`` only with a byte-level decode side (so a
-        one-rank result without it is what it was before either existed)."""
+        more than one rank was simulated, ``decode`` only with a byte-level decode side,
+        ``requests_aborted`` and ``aborted_requests`` only when a request was aborted (so a
+        one-rank result without them is what it was before any existed)."""
         d = dataclasses.asdict(self)
         if self.simulated_ranks == 1:
             d.pop("simulated_ranks")
             d.pop("corrupted_reads_by_rank")
         if d["decode"] is None:
             del d["decode"]
+        if not self.requests_aborted:
+            del d["requests_aborted"], d["aborted_requests"]
         return d
 
     def signature(self) -> dict:
@@ -359,6 +370,12 @@ class PrefillEngine:
         self.counts["stash_frees"] = 0
         self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
+        self.aborted: list[dict] = []
+        # NOTE: SGLang's TpModelWorker: max_req_len = min(context_len - 1, pool size - 1) and the
+        # scheduler aborts (set_finish_with_abort) a request whose input is max_req_len - 5
+        # tokens or more; the model's context length (V4 and DSA: far above any pool here) is
+        # not modelled, so the pool decides
+        self.max_req_input_len = int(sc.scheduler.max_total_tokens) - 1 - 5
 
     # ---------------------------------------------------------------- one request
     def _session(self, sc, smodel: str, device_tokens: int, materialise: bool, switches: dict) -> CacheSession:
@@ -515,6 +532,7 @@ class PrefillEngine:
             batch.append(a)
             used += a.chunk
         chunking = bool(batch)
+        self._abort_too_long(now)
         rest = []
         for req in sorted(self.waiting, key=lambda r: (r.arrival_us, r.rid)):
             if req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests or used >= budget:
@@ -819,6 +837,23 @@ class PrefillEngine:
         self.completed.append(rid)
         self.waiting.extend(self.driver.complete(rid, int(t_us)))
 
+    def _abort_too_long(self, now: float) -> None:
+        """Abort every arrived waiting request whose input is ``max_req_input_len`` tokens or
+        more, as SGLang's scheduler does when the request comes in (``validate_input_length``:
+        it finishes with an abort and an error message and never reaches a batch); the
+        sessions they end open the next ones, whose first requests are checked in turn."""
+        while True:
+            bad = [r for r in self.waiting if r.arrival_us <= now and r.input_len >= self.max_req_input_len]
+            if not bad:
+                return
+            self.waiting = [r for r in self.waiting if r not in bad]
+            for req in sorted(bad, key=lambda r: (r.arrival_us, r.rid)):
+                self.aborted.append(dict(rid=req.rid, input_tokens=req.input_len,
+                                         reason=f"input length ({req.input_len} tokens) exceeds the maximum allowed "
+                                                f"length ({self.max_req_input_len} tokens: "
+                                                "scheduler.max_total_tokens - 6)"))
+                self.waiting.extend(self.driver.abort(req.rid, int(now)))
+
     def _decode_pd(self) -> None:
         """PD: the decode engine runs on its own GPUs; bring it up to now."""
         for rid, t in self.decode.advance(self.session.now):
@@ -1012,7 +1047,8 @@ class PrefillEngine:
             hicache=self.hicache, chunked_batches=self.counts["chunks"], requests_raced=len(t.raced),
             requests_wrong_kv=len(t.wrong), wrong_kv_reads=t.wrong_reads,
             oracle_entries=sum(o.entries_checked for o in self.oracles), index_k_topk_changed=t.topk_changed,
-            simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank), decode=decode)
+            simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank), decode=decode,
+            requests_aborted=len(self.aborted), aborted_requests=list(self.aborted))
 
     def _decode_cache_engine(self, steps, profile, smodel: str, device_tokens: int, switches: dict,
                              materialise: bool):

@@ -350,7 +350,7 @@ def load_trace(path: str, system_prompt_tokens: int = 0) -> TracePlan:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
     except (OSError, UnicodeDecodeError) as e:
-        raise InputError(name, f"cannot read the trace: {e}") from None
+        raise InputError(name, f"expected a readable UTF-8 JSONL trace, cannot read it: {e}") from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -488,8 +488,8 @@ class WorkloadDriver:
 
     :meth:`start` opens the first ``concurrency`` sessions; :meth:`complete` (the engine reports
     a request done at ``now_us``) releases that session's next turn, or opens the next session
-    when it was the last.  A released request's ``arrival_us`` may lie in the future (think time,
-    a Poisson arrival, a trace's ``arrival_s``): the engine queues it until then.  Requests that
+    when it was the last; :meth:`abort` ends an aborted request's session and opens the next.
+    A released request's ``arrival_us`` may lie in the future (think time, a Poisson arrival, a trace's ``arrival_s``): the engine queues it until then.  Requests that
     would arrive at or after ``until_us`` are not released, and their session ends there."""
 
     def __init__(self, workload: Workload, until_us: int | None = None):
@@ -503,7 +503,7 @@ class WorkloadDriver:
         self._next_rid = 0
         self._closed = False
         self.sessions_started = self.sessions_finished = self.sessions_cut = 0
-        self.requests_released = self.requests_completed = 0
+        self.requests_released = self.requests_completed = self.requests_aborted = 0
 
     @property
     def done(self) -> bool:
@@ -531,6 +531,19 @@ class WorkloadDriver:
             if nxt is not None:
                 return [nxt]
             self.sessions_cut += 1
+        self.active_sessions.discard(r.session)
+        self.sessions_finished += 1
+        nr = self._open_session(now_us)
+        return [] if nr is None else [nr]
+
+    def abort(self, rid: int, now_us: int) -> list[Request]:
+        """Request ``rid`` was aborted at ``now_us`` (the engine refused it, e.g. an input
+        longer than its pool takes): it produced no output, so its session ends there (the
+        client has no answer to continue the conversation with) and the next session opens."""
+        r = self._in_flight.pop(rid, None)
+        if r is None:
+            raise InputError("rid", f"request {show(rid)} is not in flight (unknown or already completed)")
+        self.requests_aborted += 1
         self.active_sessions.discard(r.session)
         self.sessions_finished += 1
         nr = self._open_session(now_us)
