@@ -130,3 +130,33 @@ def test_fuzz_sweep_finds_no_bug(seed, tmp_path):
         if o.klass == "BUG":
             bugs.append((o.case, o.symptom))
     assert not bugs, bugs
+
+
+def test_pd_decode_hicache_caps_an_output_longer_than_the_decode_pool(capsys, tmp_path):
+    """Found by the fuzzer: PD with hicache.decode, a 1,010-token input and 200 output tokens on a
+    1,024-token pool raised DecodeSideError (a traceback).  The decode server's scheduler caps
+    max_new_tokens when the request comes in (init_req_max_new_tokens: pool - ceil_page(input) -
+    page - 1, and max_req_len - input - 1), so the request fits; the run completes it."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"session": 0, "turn": 0, "input_tokens": 1010, "output_tokens": 200}\n'
+                     '{"session": 1, "turn": 0, "input_tokens": 300, "output_tokens": 20}\n')
+    klass, symptom, d = judged(capsys, "glm5-22811", SMALL + [
+        "scheduler.max_total_tokens=1024", "workload.kind=trace", f"workload.trace={trace}", "deployment.mode=pd",
+        "deployment.gpus=2", "hicache.decode=true"])
+    assert klass == "OK", symptom
+    assert d["requests_completed"] == d["requests_total"] == 2
+    assert d["decode"]["output_tokens_clipped"] == 1 and d["decode"]["requests"] == 2
+
+
+def test_max_new_tokens_is_sglangs_cap():
+    from types import SimpleNamespace
+
+    from sim.engine.decode_hicache import DecodeCacheEngine
+
+    eng = SimpleNamespace(session=SimpleNamespace(allocator=SimpleNamespace(size_full=1024)), page=64)
+    cap = DecodeCacheEngine.max_new_tokens
+    req = lambda n, out: SimpleNamespace(input_len=n, output_len=out)  # noqa: E731
+    assert cap(eng, req(1010, 200)) == 1                 # 1024 - 1024 - 64 - 1 < 1: the floor
+    assert cap(eng, req(800, 300)) == 1024 - 832 - 64 - 1    # the page-rounded pool cap
+    assert cap(eng, req(100, 200)) == 200                # fits: unchanged
+    assert cap(eng, req(700, 300)) == 1024 - 704 - 64 - 1

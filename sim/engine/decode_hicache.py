@@ -54,6 +54,7 @@ decode radix cache for hybrid SWA models: ``kv_cache_builder.py``).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -160,7 +161,8 @@ class DecodeCacheEngine(DecodeEngine):
         self._stores = 0
         self._finished_now: list[int] = []
         self.counts = dict(requests=0, input_tokens=0, reads=0, load_backs=0, load_back_tokens=0, device_hit_tokens=0,
-                           host_hit_tokens=0, transfer_tokens=0, restores_failed=0, steps=0, ownership_checks=0)
+                           host_hit_tokens=0, transfer_tokens=0, restores_failed=0, steps=0, ownership_checks=0,
+                           output_tokens_clipped=0)
         self.aborted: list[int] = []
         # NOTE: the decode side is one rank (the prefill's _judge files a read under its rank)
         self.ranks = 1
@@ -179,10 +181,26 @@ class DecodeCacheEngine(DecodeEngine):
         if req.input_len != context_tokens or req.output_len != output_tokens:
             raise InputError("context_tokens", f"request {rid}: expected its input and output lengths "
                              f"({req.input_len}, {req.output_len}), got {context_tokens}, {output_tokens}")
+        out = self.max_new_tokens(req)
+        if out != req.output_len:
+            req = dataclasses.replace(req, output_len=out)
+            self.counts["output_tokens_clipped"] += 1
         self.prealloc.append(DecodeReq(req, float(t_us), self._order))
         self._order += 1
         self.counts["requests"] += 1
         self.counts["input_tokens"] += req.input_len
+
+    def max_new_tokens(self, req: Request) -> int:
+        """``req``'s output tokens as the decode server's scheduler caps them when the request
+        comes in (``init_req_max_new_tokens``): at most ``max_req_len - input - 1`` (``max_req_len``
+        = pool - 1) and ``pool - ceil_page(input) - page - 1``, so that the request fits the
+        decode pool with nothing else on it; at least 1 (the prefill's first token came
+        already).  NOTE: SGLang clips to 0 at the floor; the engine aborts any input of pool - 6
+        tokens or more before its prefill (``PrefillEngine``), so the floor of 1 still fits."""
+        pool = self.session.allocator.size_full
+        paged = -(-req.input_len // self.page) * self.page
+        cap = min(pool - 1 - req.input_len - 1, pool - paged - self.page - 1)
+        return max(1, min(req.output_len, cap))
 
     @property
     def idle(self) -> bool:
@@ -521,7 +539,8 @@ class DecodeCacheEngine(DecodeEngine):
         (the decode tree's matches at pre-allocation); ``transfer_tokens`` (tokens whose KV
         the PD transfer moved); ``restores_failed`` (requests aborted); ``steps``;
         ``ownership_checks``; ``corrupted_reads`` (as ``EngineResult``'s); ``corrupted_rids``
-        (sorted)."""
+        (sorted); ``output_tokens_clipped`` (only when non-zero: requests whose output the decode
+        pool capped, :meth:`max_new_tokens`)."""
         s = self.session
         s.wait_idle()
         if self.hicache:
@@ -539,7 +558,10 @@ class DecodeCacheEngine(DecodeEngine):
             device_hit_tokens=self.counts["device_hit_tokens"], host_hit_tokens=self.counts["host_hit_tokens"],
             transfer_tokens=self.counts["transfer_tokens"], restores_failed=self.counts["restores_failed"],
             steps=self.counts["steps"], ownership_checks=self.counts["ownership_checks"],
-            corrupted_reads=t.corrupted, corrupted_rids=sorted(rids))
+            corrupted_reads=t.corrupted, corrupted_rids=sorted(rids),
+            # only when the decode pool capped a request's output (so other results are unchanged)
+            **({"output_tokens_clipped": self.counts["output_tokens_clipped"]}
+               if self.counts["output_tokens_clipped"] else {}))
 
 
 def format_decode_side(d: dict | None) -> list[str]:
