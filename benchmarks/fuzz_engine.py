@@ -442,7 +442,23 @@ def classify(case: Case, rc: int | None, stdout: str, stderr: str) -> tuple[str,
         return "BUG", f"exit {rc}, error without a key: {lines[0][:300]}"
     if "expected" not in m.group(2):
         return "BUG", f"exit {rc}, error says nothing expected: {lines[0][:300]}"
+    if not user_key(m.group(1), case):
+        return "BUG", f"exit {rc}, error names {m.group(1)!r}, which is no key the user wrote: {lines[0][:300]}"
     return "INPUT", m.group(1)
+
+
+_SECTIONS = ("model", "variant", "deployment", "hicache", "scheduler", "workload", "run")
+_TOP_KEYS = ("--set", "--seed", "scenario", "base", "name", "description")
+
+
+def user_key(key: str, case: Case) -> bool:
+    """Whether an error's key is one the user can act on: a scenario key (``section.key``), an
+    override's own key, a CLI option, the scenario file or a trace file's ``FILE:LINE.key``."""
+    if key in _TOP_KEYS or key.partition(".")[0] in _SECTIONS:
+        return True
+    if any(item.partition("=")[0].strip() == key for item in case.overrides):
+        return True
+    return key.endswith(".toml") or ".jsonl" in key or key.startswith("scenario ")
 
 
 def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outcome:

@@ -160,3 +160,26 @@ def test_max_new_tokens_is_sglangs_cap():
     assert cap(eng, req(800, 300)) == 1024 - 832 - 64 - 1    # the page-rounded pool cap
     assert cap(eng, req(100, 200)) == 200                # fits: unchanged
     assert cap(eng, req(700, 300)) == 1024 - 704 - 64 - 1
+
+
+@pytest.mark.parametrize("over", [["hicache.io_backend=direct"], ["hicache.layout=page_first_direct"]])
+def test_stride_mismatch_with_the_direct_backend_names_a_scenario_key(capsys, over):
+    """Found by the fuzzer: index-k-stride-mismatch (bf16 index-K, a 132-byte host entry) with the
+    direct io backend was refused naming the session's internal key
+    config.index_k_host_bytes_per_entry, which no scenario key sets; now hicache.io_backend."""
+    klass, key, _ = judged(capsys, "incident-repro", over + ["run.duration_s=0.01"], invalid=over[:1])
+    assert (klass, key) == ("INPUT", "hicache.io_backend")
+
+
+def test_stride_mismatch_with_fp8_and_direct_runs(capsys):
+    """fp8 index-K: the stride the hypothesis keeps is the device's, so direct is fine."""
+    klass, symptom, d = judged(capsys, "incident-repro", ["hicache.io_backend=direct", "model.index_k_dtype=fp8",
+                                                          "run.duration_s=0.01"])
+    assert klass == "OK", symptom
+
+
+def test_classify_calls_an_internal_key_a_bug():
+    c = fuzz_engine.Case(0, "x", ["hicache.io_backend=direct"])
+    err = "kvrace: error: config.index_k_host_bytes_per_entry: expected 0 or 256, got 132\n"
+    assert fuzz_engine.classify(c, 2, "", err)[0] == "BUG"
+    assert fuzz_engine.classify(c, 2, "", "kvrace: error: hicache.io_backend: expected 'kernel'\n")[0] == "INPUT"

@@ -47,8 +47,8 @@ from sim.engine.models import MODEL_OPTIONS, model, model_names
 from sim.engine.workload import Section, Workload, WorkloadSpec, load_trace, opt
 from sim.errors import InputError, check_keys, show
 from sim.cache.controller import WRITE_POLICIES
-from sim.pools.host import IO_BACKENDS
-from sim.pools.layouts import HOST_LAYOUTS
+from sim.pools.host import IO_BACKENDS, resolve_layout_io_compatibility
+from sim.pools.layouts import HOST_LAYOUTS, INDEX_HEAD_DIM, INDEX_SCALE_BYTES
 from sim.profile import load_profile
 
 __all__ = ["DeploymentSection", "HiCacheSection", "ModelSection", "RunSection", "SECTIONS", "Scenario",
@@ -286,7 +286,30 @@ class Scenario:
                              "event_loop_overlap only in overlap mode), got 'overlap'")
         if self.workload.kind == "trace":
             load_trace(self.workload.trace, self.workload.system_prompt_tokens)
-        self.configuration()
+        cfg = self.configuration()
+        self._check_index_k_stride(cfg)
+
+    def _check_index_k_stride(self, cfg: Configuration) -> None:
+        """A host index-K stride other than the device's (``index-k-stride-mismatch``) with the
+        ``direct`` io backend (asked for, or resolved from ``page_first_direct``): refused,
+        naming ``hicache.io_backend``, as ``CacheSession`` refuses it (direct copies whole
+        tensor rows, which fails when host and device rows differ).
+
+        NOTE: without this check the session's own error named its internal key
+        (``config.index_k_host_bytes_per_entry``), which no scenario key sets (found by
+        ``benchmarks/fuzz_engine.py``)."""
+        host_entry = cfg.index_k_host_bytes_per_entry
+        if not host_entry:
+            return
+        layout, io = resolve_layout_io_compatibility(self.hicache.layout, self.hicache.io_backend)
+        device_entry = INDEX_HEAD_DIM + INDEX_SCALE_BYTES if self.model.index_k_dtype == "fp8" else 2 * INDEX_HEAD_DIM
+        if io == "direct" and host_entry != device_entry:
+            hyps = [h for h in self.variant.hypotheses if h != "none"]
+            raise InputError("hicache.io_backend", f"expected 'kernel' and a layout other than 'page_first_direct' "
+                             f"with a host index-K entry of {host_entry} bytes against the device's {device_entry} "
+                             f"(variant.hypotheses {hyps}): the direct backend copies whole tensor rows, which "
+                             f"fails when host and device rows differ; got io_backend {self.hicache.io_backend!r}, "
+                             f"layout {self.hicache.layout!r} (resolved: {io}, {layout})")
 
 
 def check_decode_hicache(sc: "Scenario") -> None:
