@@ -77,6 +77,7 @@ class Outcome:
     rc: int | None
     wall_s: float
     stderr_tail: str = ""
+    features: tuple = ()    # OK runs: what they exercised (load-backs, ranks, decode side, aborts, corruption)
 
 
 # ------------------------------------------------------------------ drawing cases
@@ -145,11 +146,13 @@ def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str
         ("hicache.load_back_threshold", "-1", True),
         ("scheduler.chunked_prefill_size", rng.choice(["-1", str(ps), str(ps + 1), "1_000_000"]), False),
         ("scheduler.chunked_prefill_size", rng.choice(["-2", "x"]), True),
-        ("scheduler.chunked_prefill_size", str(ps - 1), True),
+        # (page-relative values: whether they are refused depends on the final family: must_refuse)
+        ("scheduler.chunked_prefill_size", str(ps - 1), False),
         ("scheduler.max_running_requests", rng.choice(["1", "2", "128"]), False),
         ("scheduler.max_running_requests", "0", True),
         ("scheduler.max_total_tokens", str(ps * rng.choice([2, 3, 4, 64])), False),
-        ("scheduler.max_total_tokens", rng.choice([str(ps), str(2 * ps + 1), "0"]), True),
+        ("scheduler.max_total_tokens", rng.choice([str(ps), str(2 * ps + 1)]), False),
+        ("scheduler.max_total_tokens", "0", True),
         ("scheduler.overlap", rng.choice(["true", "false"]), False), ("scheduler.overlap", "1.5", True),
         ("scheduler.event_loop", rng.choice(["normal", "overlap"]), False), ("scheduler.event_loop", "fast", True),
         ("workload.kind", "synthetic", False), ("workload.kind", "replay", True),
@@ -395,6 +398,8 @@ def must_refuse(case: Case) -> list[str]:
         hp = _BOOL[o.get("hicache.prefill", str(b["hic_p"]).lower())]
         hd = _BOOL[o.get("hicache.decode", str(b["hic_d"]).lower())]
         ranks = int(o.get("deployment.simulated_ranks", "1"))
+        cps = int(o.get("scheduler.chunked_prefill_size", "-1"))
+        mtt = int(o["scheduler.max_total_tokens"]) if "scheduler.max_total_tokens" in o else None
         layers = int(o.get("run.layers", "0"))
         min_layers = 3 if fam == "deepseek-v4-flash" else 1
     except (ValueError, KeyError):
@@ -408,6 +413,10 @@ def must_refuse(case: Case) -> list[str]:
         bad.append("deployment.*_tp (gpus)")
     if mode == "colocated" and (dtp != ptp or (ptp > 0 and gpus % ptp) or hp != hd):
         bad.append("deployment colocated")
+    if cps != -1 and cps < ps:
+        bad.append("scheduler.chunked_prefill_size")
+    if mtt is not None and (mtt % ps or mtt < 2 * ps):
+        bad.append("scheduler.max_total_tokens")
     if ranks > ptp:
         bad.append("deployment.simulated_ranks")
     if mode == "pd" and hd and fam == "deepseek-v4-flash":
@@ -491,7 +500,30 @@ def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outco
         rc, out, err = None, "", (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else ""
     wall = time.monotonic() - t0
     klass, symptom = classify(case, rc, out, err)
-    return Outcome(case, klass, symptom, rc, wall, err[-2000:] if klass == "BUG" else "")
+    feats = features(json.loads(out)) if klass == "OK" else ()
+    return Outcome(case, klass, symptom, rc, wall, err[-2000:] if klass == "BUG" else "", feats)
+
+
+def features(d: dict) -> tuple:
+    """What an OK run exercised, for the table."""
+    f = []
+    if d["load_backs"]:
+        f.append("load-backs")
+    if d.get("simulated_ranks", 1) > 1:
+        f.append("ranks>1")
+    if "decode" in d:
+        f.append("decode-hicache" if d["decode"]["hicache"] else "decode-bytes")
+        if d["decode"]["load_backs"]:
+            f.append("decode-load-backs")
+    if d.get("requests_aborted"):
+        f.append("aborts")
+    if d["requests_corrupted"]:
+        f.append("corrupted")
+    if d.get("chunked_batches"):
+        f.append("chunked")
+    if not d.get("hicache", True):
+        f.append("hicache-off")
+    return tuple(f)
 
 
 def main(argv=None) -> int:
@@ -520,6 +552,11 @@ def main(argv=None) -> int:
         row = [sum(o.klass == c and o.case.preset == p for o in outcomes) for c in classes]
         print(f"{p:<18}" + "".join(f"{n:>7}" for n in row))
     print(f"{'all':<18}" + "".join(f"{sum(o.klass == c for o in outcomes):>7}" for c in classes))
+    feats: dict[str, int] = {}
+    for o in outcomes:
+        for f in o.features:
+            feats[f] = feats.get(f, 0) + 1
+    print("OK runs exercising: " + ", ".join(f"{k} {n}" for k, n in sorted(feats.items(), key=lambda x: -x[1])))
     keys: dict[str, int] = {}
     for o in outcomes:
         if o.klass == "INPUT":

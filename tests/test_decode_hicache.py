@@ -136,7 +136,8 @@ def test_decode_side_properties(seed, tokens, sessions, concurrency, ratio):
     e, r = run(pd_scenario(f"scheduler.max_total_tokens={tokens}", f"workload.sessions={sessions}",
                            f"workload.concurrency={concurrency}", f"hicache.ratio={ratio}"), seed)
     d = r.decode
-    assert r.requests_completed == r.requests_total == d["requests"]
+    assert r.requests_completed + r.requests_aborted == r.requests_total == d["requests"]
+    assert r.requests_aborted == d["restores_failed"] == len(r.aborted_requests)
     assert d["ownership_checks"] >= d["steps"] > 0
     assert d["stale_reads"] == d["torn_reads"] == d["latent_races"] == d["requests_corrupted"] == 0
     a, tree = e.decode.session.allocator, e.decode.cache._target

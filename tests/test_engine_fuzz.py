@@ -183,3 +183,18 @@ def test_classify_calls_an_internal_key_a_bug():
     err = "kvrace: error: config.index_k_host_bytes_per_entry: expected 0 or 256, got 132\n"
     assert fuzz_engine.classify(c, 2, "", err)[0] == "BUG"
     assert fuzz_engine.classify(c, 2, "", "kvrace: error: hicache.io_backend: expected 'kernel'\n")[0] == "INPUT"
+
+
+def test_decode_side_aborts_are_counted_aborted_with_a_reason(capsys):
+    """A failed decode-side restore (load_back_threshold above every host hit) aborts the request
+    on the decode server; it was counted in requests_completed.  Now: aborted, with its reason,
+    and completed + aborted == total."""
+    over = ["run.layers=2", "deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4",
+            "workload.output_tokens_min=4", "workload.output_tokens_max=8", "workload.sessions=4",
+            "variant.gate_map=upstream-0.5.11", "hicache.decode=true", "hicache.load_back_threshold=1000",
+            "scheduler.max_total_tokens=2048"]
+    klass, symptom, d = judged(capsys, "glm5-22811-small", over)
+    assert klass == "OK", symptom
+    assert d["requests_aborted"] == d["decode"]["restores_failed"] > 0
+    assert d["requests_completed"] + d["requests_aborted"] == d["requests_total"]
+    assert all("restore failed" in a["reason"] for a in d["aborted_requests"])

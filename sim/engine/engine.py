@@ -125,7 +125,8 @@ class EngineResult:
 
     ``requests_aborted``: requests the scheduler refused at admission, as SGLang's
     ``validate_input_length`` does (an input of ``max_req_input_len`` tokens or more: the
-    device pool less 6); ``aborted_requests`` lists each (``rid``, ``input_tokens``,
+    device pool less 6), and requests the byte-level decode side aborted (a failed restore:
+    ``decode.restores_failed``); ``aborted_requests`` lists each (``rid``, ``input_tokens``,
     ``reason``).  Every released request ends completed or aborted:
     ``requests_completed + requests_aborted == requests_total``."""
 
@@ -829,12 +830,14 @@ class PrefillEngine:
             entries[role], positions[role] = ent, pos[done]
         self.oracle.record_store(a.req, store, entries, positions)
 
-    def _finish(self, rid: int, t_us: float) -> None:
-        """Request ``rid``'s last output token came at ``t_us``: the turn is complete."""
+    def _finish(self, rid: int, t_us: float, completed: bool = True) -> None:
+        """Request ``rid``'s last output token came at ``t_us``: the turn is complete
+        (``completed=False``: it ended aborted, already listed in ``aborted``)."""
         node = self._held.pop(rid, None)
         if node is not None:
             self.cache.dec_lock_ref(node)
-        self.completed.append(rid)
+        if completed:
+            self.completed.append(rid)
         self.waiting.extend(self.driver.complete(rid, int(t_us)))
 
     def _abort_too_long(self, now: float) -> None:
@@ -855,9 +858,18 @@ class PrefillEngine:
                 self.waiting.extend(self.driver.abort(req.rid, int(now)))
 
     def _decode_pd(self) -> None:
-        """PD: the decode engine runs on its own GPUs; bring it up to now."""
+        """PD: the decode engine runs on its own GPUs; bring it up to now.  A request the
+        byte-level decode side aborted (a failed restore, ``DecodeCacheEngine._abort``) ends its
+        turn as before, but is counted aborted, with its reason, not completed."""
+        failed = getattr(self.decode, "aborted", ())
         for rid, t in self.decode.advance(self.session.now):
-            self._finish(rid, t)
+            if rid in failed:
+                self.aborted.append(dict(rid=rid, input_tokens=self.driver._in_flight[rid].input_len,
+                                         reason="decode-side HiCache restore failed (the decode server aborts the "
+                                                "request: its load-back could not cover decode_prefix_len)"))
+                self._finish(rid, t, completed=False)
+            else:
+                self._finish(rid, t)
 
     def _decode_step_colocated(self) -> bool:
         """Colocated: one decode step of the running batch on the forward stream (SGLang runs
