@@ -198,3 +198,11 @@ def test_decode_side_aborts_are_counted_aborted_with_a_reason(capsys):
     assert d["requests_aborted"] == d["decode"]["restores_failed"] > 0
     assert d["requests_completed"] + d["requests_aborted"] == d["requests_total"]
     assert all("restore failed" in a["reason"] for a in d["aborted_requests"])
+
+
+def test_hicache_size_on_deepseek_v4_names_size_gb(capsys):
+    """Found by the fuzzer: hicache.size_gb=1 on DeepSeek V4 was refused naming the session's
+    config.hicache_size; now the scenario key."""
+    klass, key, _ = judged(capsys, "incident-repro", ["hicache.size_gb=1", "run.duration_s=0.01"],
+                           invalid=["hicache.size_gb"])
+    assert (klass, key) == ("INPUT", "hicache.size_gb")
