@@ -206,3 +206,13 @@ def test_hicache_size_on_deepseek_v4_names_size_gb(capsys):
     klass, key, _ = judged(capsys, "incident-repro", ["hicache.size_gb=1", "run.duration_s=0.01"],
                            invalid=["hicache.size_gb"])
     assert (klass, key) == ("INPUT", "hicache.size_gb")
+
+
+def test_a_host_pool_not_larger_than_the_device_pool_names_size_gb(capsys):
+    """hicache.size_gb=1 with all 61 DSA layers and a 262,144-token device pool gives a host pool of
+    about 25k tokens: refused (SGLang asserts host > device), naming hicache_ratio (a session
+    key, and the wrong one) with no 'expected'; now hicache.size_gb."""
+    klass, key, _ = judged(capsys, "glm5-22811-small", [
+        "hicache.size_gb=1", "run.layers=61", "scheduler.max_total_tokens=262144", "run.duration_s=0.001",
+        "workload.sessions=1"], invalid=["hicache.size_gb"])
+    assert (klass, key) == ("INPUT", "hicache.size_gb")

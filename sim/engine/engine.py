@@ -81,6 +81,10 @@ SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa", "deepseek-v4-flash": "deep
 IDLE_US = 50.0
 
 
+#: CacheSession input keys -> the scenario keys they come from (errors name the user's key)
+_SESSION_KEYS = {"config.layers": "run.layers", "hicache_size": "hicache.size_gb", "hicache_ratio": "hicache.ratio"}
+
+
 class EngineError(KvraceError, RuntimeError):
     """The engine cannot go on (a request that can never fit the device pool, a stuck run)."""
 
@@ -312,8 +316,10 @@ class PrefillEngine:
         try:
             self.session = self._session(sc, smodel, tokens_, materialise, switches)
         except InputError as e:
-            if e.where == "config.layers":     # the user's key is run.layers (or the layers argument)
-                raise InputError("run.layers", e.message) from None
+            # the user's keys: run.layers (or the layers argument), hicache.size_gb / ratio (a host
+            # pool not larger than the device pool, found by benchmarks/fuzz_engine.py)
+            if e.where in _SESSION_KEYS:
+                raise InputError(_SESSION_KEYS[e.where], e.message) from None
             raise
         s = self.session
         self.page = s.config.page_size

@@ -214,9 +214,11 @@ class HostKVCache(_FreeSlots, abc.ABC):
         self.start_layer = device_pool.start_layer
         self.end_layer = device_pool.end_layer
         if not self.size > device_pool.size:
-            raise InputError("hicache_ratio",
-                             f"The host memory should be larger than the device memory with the current "
-                             f"protocol: host size {self.size} tokens <= device size {device_pool.size}")
+            # NOTE: the key is the input that sized the pool: hicache_size when given, else the ratio
+            raise InputError("hicache_size" if host_size > 0 else "hicache_ratio",
+                             f"expected a host pool larger than the device pool (SGLang: the host memory should be "
+                             f"larger than the device memory with the current protocol), got host size {self.size} "
+                             f"tokens <= device size {device_pool.size}")
         if host_memory_available is not None:
             requested = self.size * self.size_per_token
             available = host_memory_available - HICACHE_HOST_MEMORY_RESERVE_BYTES
