@@ -175,8 +175,12 @@ def _run(args) -> int:
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
 
+    from sim.errors import InputError
+
     check_trace_option(args)
     check_output_path(args.json, "--json")          # output paths are checked before the run
+    if args.seed is not None and args.seed < 0:
+        raise InputError("--seed", f"expected an integer >= 0, got {args.seed}")
     sc = load_scenario(args.scenario, args.set)
     # NOTE: the whole run (every op, read and timing) is kept only when an output needs it:
     # the exported windows and the trace are cut from it; otherwise the engine streams

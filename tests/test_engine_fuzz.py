@@ -216,3 +216,9 @@ def test_a_host_pool_not_larger_than_the_device_pool_names_size_gb(capsys):
         "hicache.size_gb=1", "run.layers=61", "scheduler.max_total_tokens=262144", "run.duration_s=0.001",
         "workload.sessions=1"], invalid=["hicache.size_gb"])
     assert (klass, key) == ("INPUT", "hicache.size_gb")
+
+
+def test_a_negative_seed_names_seed(capsys):
+    """`--seed -1` was refused naming the session's config.seed."""
+    klass, key, _ = judged(capsys, "glm5-22811-small", ["run.layers=1"], invalid=["--seed"], extra=["--seed", "-1"])
+    assert (klass, key) == ("INPUT", "--seed")

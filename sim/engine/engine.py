@@ -82,7 +82,8 @@ IDLE_US = 50.0
 
 
 #: CacheSession input keys -> the scenario keys they come from (errors name the user's key)
-_SESSION_KEYS = {"config.layers": "run.layers", "hicache_size": "hicache.size_gb", "hicache_ratio": "hicache.ratio"}
+_SESSION_KEYS = {"config.layers": "run.layers", "hicache_size": "hicache.size_gb", "hicache_ratio": "hicache.ratio",
+                 "config.seed": "run.seed"}
 
 
 class EngineError(KvraceError, RuntimeError):
