@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-__all__ = ["Case", "Outcome", "draw_case", "run_case", "classify", "invariants", "main"]
+__all__ = ["Case", "Outcome", "draw_case", "draw_stress_case", "run_case", "classify", "invariants", "main"]
 
 PRESETS = ("incident", "incident-short", "incident-repro", "glm5-22811", "glm5-22811-small")
 PAGE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
@@ -89,9 +89,9 @@ def _small(rng: random.Random, family: str) -> dict[str, str]:
         # NOTE: DeepSeek V4 needs its first C4 layer (layer 2): 3 layers at least
         "run.layers": rng.choice([1, 2, 2, 3, 4] if family == "dsa-v3.2" else [3, 3, 4]),
         "run.duration_s": rng.choice([0.05, 0.2, 0.5, 1.0]),
-        "workload.sessions": rng.choice([1, 2, 3, 4]),
-        "workload.concurrency": rng.choice([1, 2, 3]),
-        "workload.max_turns": rng.choice([1, 2, 3]),
+        "workload.sessions": rng.choice([1, 2, 3, 4, 6]),
+        "workload.concurrency": rng.choice([1, 2, 3, 4]),
+        "workload.max_turns": rng.choice([1, 2, 3, 4]),
         "workload.system_prompt_tokens": rng.choice([0, 16, 64]),
         "workload.first_turn_tokens": rng.choice([128, 300, 512]),
         "workload.user_tokens_min": 32,
@@ -100,7 +100,8 @@ def _small(rng: random.Random, family: str) -> dict[str, str]:
         "workload.output_tokens_max": rng.choice([4, 16]),
         "workload.max_context_tokens": rng.choice([1024, 2048]),
         "workload.think_time_s": rng.choice([0, 0.01]),
-        "scheduler.max_total_tokens": ps * rng.choice([8, 16, 32]),
+        # pools a few contexts overflow, so that prefixes are evicted to the host and loaded back
+        "scheduler.max_total_tokens": ps * (rng.choice([10, 12, 16, 32]) if ps == 64 else rng.choice([4, 6, 8])),
         "scheduler.chunked_prefill_size": rng.choice([-1, ps, 2 * ps, 4 * ps]),
     }
     return {k: str(v) for k, v in o.items()}
@@ -293,7 +294,59 @@ def draw_case(rng: random.Random, index: int = 0, tmp: str | None = None) -> Cas
         case.overrides.append(rng.choice(["badformat", "=1", "hicache.ratio"]))
         case.invalid.append("--set")
     if rng.random() < 0.1:
-        case.seed_arg = rng.choice([0, 7, 2**31])
+        case.seed_arg = rng.choice([0, 7, 2**31, -1])
+        if case.seed_arg < 0:
+            case.invalid.append("--seed")
+    return case
+
+
+def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
+    """A valid case made to load back: the small presets' workloads (whose pools their contexts
+    overflow: glm5-22811-small, incident-repro) with every feature switch drawn (TP ranks in
+    lockstep, decode-side HiCache, the overlap loop, write policies, layouts and io backends,
+    gate maps, hypotheses, load fence, one-step forwards, HiCache off, load-back threshold)."""
+    dsa = rng.random() < 0.6
+    preset = "glm5-22811-small" if dsa else "incident-repro"
+    o = {"run.layers": str(rng.choice([1, 2, 3]) if dsa else 3), "run.duration_s": str(rng.choice([0.5, 1.0, 2.0])),
+         "workload.sessions": str(rng.choice([3, 4, 6])), "workload.concurrency": str(rng.choice([2, 3, 4])),
+         "run.seed": str(rng.randint(0, 99))}
+    if dsa:
+        o["workload.max_turns"] = str(rng.choice([2, 3, 4]))
+    else:
+        o["workload.sessions"] = str(rng.choice([4, 8]))
+        o["workload.max_context_tokens"] = "4096"
+    if rng.random() < 0.5:          # PD (decode-side HiCache on DSA only)
+        ptp = rng.choice([1, 2, 4])
+        o |= {"deployment.mode": "pd", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
+              "deployment.gpus": str(2 * ptp), "hicache.prefill": rng.choice(["true", "true", "false"]),
+              "hicache.decode": rng.choice(["true", "false"]) if dsa else "false"}
+    else:
+        ptp = rng.choice([1, 2, 4, 8])
+        h = rng.choice(["true", "true", "false"])
+        o |= {"deployment.mode": "colocated", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
+              "deployment.gpus": str(ptp), "hicache.prefill": h, "hicache.decode": h}
+    o["deployment.simulated_ranks"] = str(rng.randint(1, min(ptp, 4)))
+    if rng.random() < 0.4:
+        o |= {"scheduler.overlap": "true", "scheduler.event_loop": "overlap"}
+    o["hicache.write_policy"] = rng.choice(["write_through", "write_through_selective", "write_back"])
+    o["hicache.layout"] = rng.choice(["layer_first", "page_first", "page_first_direct"])
+    o["hicache.io_backend"] = rng.choice(["kernel", "direct"])
+    o["hicache.load_fence"] = rng.choice(["true", "false"])
+    o["hicache.load_back_threshold"] = rng.choice(["0", "10", "300"])
+    o["hicache.ratio"] = rng.choice(["1", "1.5", "2", "4"])
+    o["run.one_step"] = rng.choice(["true", "false"])
+    o["scheduler.max_running_requests"] = rng.choice(["1", "2", "128"])
+    o["scheduler.chunked_prefill_size"] = rng.choice(["-1", "64", "512", "2048"] if dsa else ["-1", "256", "4096"])
+    if dsa:
+        o["variant.gate_map"] = rng.choice(["upstream-0.5.10", "upstream-0.5.11"])
+        o["model.index_k_store"] = rng.choice(["fused", "fallback"])
+        o["model.indexer_path"] = rng.choice(["cuda", "cuda_cp", "other"])
+        hyps = ["none", "ungated-index-k", "load-unfenced", "host-freed-during-load", "index-k-not-backed-up"]
+    else:
+        o["model.index_k_dtype"] = rng.choice(["fp8", "bf16"])
+        hyps = list(HYPOTHESES)
+    o["variant.hypotheses"] = ",".join(rng.sample(hyps, rng.randint(0, 2)))
+    case = Case(index, preset, [f"{k}={v}" for k, v in o.items()])
     return case
 
 
@@ -534,10 +587,12 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--bugs", default="fuzz_bugs.json", help="where the bugs go (JSON)")
     ap.add_argument("--first", type=int, default=0, help="first case index (resume)")
+    ap.add_argument("--stress", action="store_true", help="valid cases made to load back (draw_stress_case)")
     a = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="kvfuzz")
     rng = random.Random(a.seed)
-    cases = [draw_case(rng, i, tmp) for i in range(a.first + a.cases)][a.first:]
+    draw = (lambda r, i: draw_stress_case(r, i)) if a.stress else (lambda r, i: draw_case(r, i, tmp))
+    cases = [draw(rng, i) for i in range(a.first + a.cases)][a.first:]
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
     with ThreadPoolExecutor(a.jobs) as ex:
@@ -546,7 +601,7 @@ def main(argv=None) -> int:
             mark = "" if o.klass != "BUG" else f"  {o.symptom[:150]}"
             print(f"[{o.case.index:4d}] {o.klass:5s} {o.wall_s:5.1f}s {o.case.preset}{mark}", flush=True)
     classes = ("OK", "INPUT", "BUG")
-    print(f"\n{len(outcomes)} cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
+    print(f"\n{len(outcomes)} {'stress ' if a.stress else ''}cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
     print(f"{'preset':<18}" + "".join(f"{c:>7}" for c in classes))
     for p in PRESETS:
         row = [sum(o.klass == c and o.case.preset == p for o in outcomes) for c in classes]
