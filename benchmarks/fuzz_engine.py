@@ -377,12 +377,15 @@ def invariants(d: dict) -> list[str]:
         bad.append(f"requests_completed {d.get('requests_completed')} + aborted {ab} != requests_total {tot}")
     if ab != len(d.get("aborted_requests", [])) or any(not a.get("reason") for a in d.get("aborted_requests", [])):
         bad.append("aborted requests without a reason")
-    if d.get("requests_raced", 0) > cor or d.get("requests_wrong_kv", 0) > cor:
-        bad.append("requests_raced/wrong_kv above requests_corrupted")
     if d["stale_reads"] + d["torn_reads"] > d.get("reads_total", math.inf):
         bad.append("stale + torn reads above reads_total")
-    if (cor > 0) != bool(d.get("corrupted_reads")):
-        bad.append(f"{cor} corrupted requests but {len(d.get('corrupted_reads', []))} corrupted reads listed")
+    # (a request is corrupted by a read on the prefill side or on the byte-level decode side)
+    listed = len(d.get("corrupted_reads", [])) + len((d.get("decode") or {}).get("corrupted_reads", []))
+    if (cor > 0) != (listed > 0):
+        bad.append(f"{cor} corrupted requests but {listed} corrupted reads listed")
+    if max(d.get("requests_raced", 0), d.get("requests_wrong_kv", 0),
+           (d.get("decode") or {}).get("requests_corrupted", 0)) > cor:
+        bad.append("a side's corrupted requests above requests_corrupted")
     for pool, routines in d["branches"].items():
         if not isinstance(routines, dict) or any(not isinstance(n, int) or n < 0 for n in routines.values()):
             bad.append(f"branches[{pool}] = {routines}")
