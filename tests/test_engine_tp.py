@@ -9,8 +9,6 @@ on ANY rank is."""
 from __future__ import annotations
 
 import json
-import re
-from importlib import resources
 
 import pytest
 
@@ -22,6 +20,7 @@ from sim.errors import InputError
 from sim.executor import run_schedule
 from sim.profile import load_profile
 from sim.schedule import validate
+from tests.test_engine_tp_session import h200_variant
 from sim.snapshot import snapshot_of
 from tests.test_cache_session import same_snapshot
 
@@ -35,12 +34,8 @@ TWO = [*BASE, "deployment.simulated_ranks=2"]
 def jitter_profile(tmp_path_factory):
     """h200 with a 30 us mean launch skew per kernel (``device.launch_jitter_us``): the ranks'
     kernels start at different, independently drawn times, so a race can show on one rank only."""
-    text = (resources.files("sim") / "profiles" / "h200.toml").read_text()
-    text, n = re.subn(r"(?m)^kernel_launch_us = ", "launch_jitter_us = 30.0\nkernel_launch_us = ", text)
-    assert n == 1
-    path = tmp_path_factory.mktemp("prof") / "h200-jitter.toml"
-    path.write_text(text)
-    return str(path)
+    return h200_variant(tmp_path_factory, r"(?m)^kernel_launch_us = ", "launch_jitter_us = 30.0\nkernel_launch_us = ",
+                        "h200-jitter")
 
 
 def _requests_by_rank(result) -> dict[int, set]:

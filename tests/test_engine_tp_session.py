@@ -9,6 +9,7 @@ rank has its own device pool, host pool, streams and events (its own ``HiCacheCo
 from __future__ import annotations
 
 import re
+from importlib import resources
 
 import numpy as np
 import pytest
@@ -25,20 +26,41 @@ from sim.verdicts import analyse
 from tests.test_cache_session import SMALL, _configs, _drive, _step, rerun, same_snapshot
 
 
-@pytest.fixture(scope="module")
-def shared_link(tmp_path_factory):
-    """The h200 profile with two GPUs per PCIe link: rank 1's copies queue behind rank 0's."""
-    from importlib import resources
+def h200_variant(tmp_path_factory, pattern: str, replacement: str, name: str) -> str:
+    """The shipped h200 profile with the one line matching ``pattern`` replaced, written to a
+    temporary ``name``.toml; its path."""
     text = (resources.files("sim") / "profiles" / "h200.toml").read_text()
-    text, n = re.subn(r"(?m)^gpus_per_link = 1\b", "gpus_per_link = 2", text)
+    text, n = re.subn(pattern, replacement, text)
     assert n == 1
-    path = tmp_path_factory.mktemp("prof") / "h200-shared.toml"
+    path = tmp_path_factory.mktemp("prof") / f"{name}.toml"
     path.write_text(text)
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def shared_link(tmp_path_factory):
+    """The h200 profile with two GPUs per PCIe link: rank 1's copies queue behind rank 0's."""
+    return h200_variant(tmp_path_factory, r"(?m)^gpus_per_link = 1\b", "gpus_per_link = 2", "h200-shared")
+
+
 def _done(s: CacheSession, event: str, rank: int) -> bool:
     return s.controller._record_complete_one(rank_name(event, rank))
+
+
+def _poll_until_both_ranks_done(s: CacheSession, name: str, queue: list, locked: int) -> None:
+    """Poll ``check_hicache_events`` every 0.5 us until ``name`` is complete on both ranks; while
+    only one rank has finished, the ack stays in ``queue`` and the tree's ``protected_size`` at
+    ``locked``.  Asserts that rank 0 was seen done before rank 1 at least once."""
+    seen = 0
+    for _ in range(4000):
+        r0, r1 = _done(s, name, 0), _done(s, name, 1)
+        if r0 and r1:
+            break
+        s.cache.check_hicache_events()
+        assert len(queue) == 1 and s.tree.protected_size() == locked
+        seen += r0 and not r1
+        s.advance(0.5)
+    assert seen > 0, "rank 0 never finished before rank 1 (the link is not shared?)"
 
 
 def test_rank_names_and_header():
@@ -100,16 +122,7 @@ def test_write_ack_waits_for_the_slowest_rank(shared_link):
     ack = s.controller.ack_write_queue[0]
     name = ack.finish_event.name
     assert s.tree.protected_size() == 16               # write_backup locks the node
-    seen = 0
-    for _ in range(4000):
-        r0, r1 = _done(s, name, 0), _done(s, name, 1)
-        if r0 and r1:
-            break
-        s.cache.check_hicache_events()
-        assert len(s.controller.ack_write_queue) == 1 and s.tree.protected_size() == 16
-        seen += r0 and not r1
-        s.advance(0.5)
-    assert seen > 0, "rank 0 never finished before rank 1 (the link is not shared?)"
+    _poll_until_both_ranks_done(s, name, s.controller.ack_write_queue, 16)
     s.cache.check_hicache_events()
     assert s.controller.ack_write_queue == [] and s.tree.protected_size() == 0
     # both ranks' finish events were queried positively before the ack was processed
@@ -133,16 +146,7 @@ def test_load_ack_waits_for_the_slowest_rank_and_each_rank_reads_its_own_load(sh
     dev = s.device_pool.kv_buffer
     s.read(dev, 1, new, gate=pid, id="gated")
     name = s.controller.ack_load_queue[0].finish_event.name
-    seen = 0
-    for _ in range(4000):
-        r0, r1 = _done(s, name, 0), _done(s, name, 1)
-        if r0 and r1:
-            break
-        s.cache.check_hicache_events()
-        assert len(s.controller.ack_load_queue) == 1 and s.tree.protected_size() == locked
-        seen += r0 and not r1
-        s.advance(0.5)
-    assert seen > 0
+    _poll_until_both_ranks_done(s, name, s.controller.ack_load_queue, locked)
     s.cache.check_hicache_events()
     assert s.controller.ack_load_queue == []
     s.wait_idle()
