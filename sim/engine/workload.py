@@ -489,8 +489,9 @@ class WorkloadDriver:
     :meth:`start` opens the first ``concurrency`` sessions; :meth:`complete` (the engine reports
     a request done at ``now_us``) releases that session's next turn, or opens the next session
     when it was the last; :meth:`abort` ends an aborted request's session and opens the next.
-    A released request's ``arrival_us`` may lie in the future (think time, a Poisson arrival, a trace's ``arrival_s``): the engine queues it until then.  Requests that
-    would arrive at or after ``until_us`` are not released, and their session ends there."""
+    A released request's ``arrival_us`` may lie in the future (think time, a Poisson arrival, a
+    trace's ``arrival_s``): the engine queues it until then.  Requests that would arrive at or
+    after ``until_us`` are not released, and their session ends there."""
 
     def __init__(self, workload: Workload, until_us: int | None = None):
         if workload.n_sessions is None and until_us is None:
