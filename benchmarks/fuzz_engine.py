@@ -67,6 +67,8 @@ class Case:
     file_text: str | None = None
     trace_text: str | None = None
     seed_arg: int | None = None
+    profile_text: str | None = None   # a profile TOML written for the case (launch jitter)
+    evict: bool = False               # an --evict case: OK runs expected clean are checked (expected_clean)
 
 
 @dataclass
@@ -78,6 +80,7 @@ class Outcome:
     wall_s: float
     stderr_tail: str = ""
     features: tuple = ()    # OK runs: what they exercised (load-backs, ranks, decode side, aborts, corruption)
+    result: dict = field(default_factory=dict)  # OK runs: the result's scalar keys (and decode's)
 
 
 # ------------------------------------------------------------------ drawing cases
@@ -350,6 +353,111 @@ def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
     return case
 
 
+EVICT_HYPS = ("none", "host-freed-during-load", "load-unfenced", "index-k-not-backed-up", "ungated-index-k")
+
+
+def _jitter_profile(base: str, jitter_us: float) -> str:
+    """A shipped profile's TOML with ``device.launch_jitter_us`` set (launch skew between streams)."""
+    with open(os.path.join(ROOT, "sim", "profiles", f"{base}.toml")) as f:
+        text = f.read()
+    text = re.sub(r"(?m)^launch_jitter_us\s*=.*\n", "", text)
+    return text.replace("[device]\n", f"[device]\nlaunch_jitter_us = {jitter_us}\n", 1)
+
+
+def draw_evict_case(rng: random.Random, index: int = 0) -> Case:
+    """A valid case made to load back under heavy eviction: a device pool of a few contexts
+    (``scheduler.max_total_tokens``), a host pool that keeps what is evicted (``hicache.ratio``
+    2-4), sessions of 3-5 turns whose later turns re-send the earlier prefix, more sessions in
+    flight than the pool holds, and every switch that touches a load-back: chunked prefill, write
+    policies, layouts, io backends, both loops, 1-3 TP ranks with launch jitter (a profile written
+    for the case), decode-side HiCache on PD for dsa-v3.2, the load fence, gate maps and the
+    hypotheses that act on load-backs (``EVICT_HYPS``)."""
+    dsa = rng.random() < 0.7
+    preset = "glm5-22811-small" if dsa else "incident-repro"
+    ps = PAGE["dsa-v3.2" if dsa else "deepseek-v4-flash"]
+    pool = ps * (rng.choice([12, 16, 24, 32]) if dsa else rng.choice([8, 12, 16]))
+    o = {"run.layers": str(rng.choice([1, 2, 3]) if dsa else rng.choice([3, 4])),
+         "run.duration_s": str(rng.choice([1.0, 2.0])), "run.seed": str(rng.randint(0, 999)),
+         "workload.sessions": str(rng.choice([6, 8])), "workload.concurrency": str(rng.choice([4, 6])),
+         "workload.max_turns": str(rng.choice([3, 4, 5])), "workload.system_prompt_tokens": str(rng.choice([0, 64, 128])),
+         "workload.first_turn_tokens": str(rng.choice([pool // 4, pool // 3, pool // 2])),
+         "workload.user_tokens_min": str(rng.choice([16, 64])), "workload.user_tokens_max": str(rng.choice([128, 256])),
+         "workload.output_tokens_min": "4", "workload.output_tokens_max": str(rng.choice([16, 64])),
+         "workload.think_time_s": rng.choice(["0", "0", "0.001"]),
+         # contexts up to the pool (longer ones would be aborted, not evicted)
+         "workload.max_context_tokens": str(rng.choice([pool - ps, pool - 2 * ps])),
+         "scheduler.max_total_tokens": str(pool),
+         "scheduler.chunked_prefill_size": str(rng.choice([ps, 2 * ps, 4 * ps, -1])),
+         "scheduler.max_running_requests": rng.choice(["2", "4", "128"]),
+         "hicache.ratio": rng.choice(["2", "3", "4"]), "hicache.prefill": "true",
+         "hicache.write_policy": rng.choice(["write_through", "write_through_selective", "write_back"]),
+         "hicache.layout": rng.choice(["layer_first", "page_first", "page_first_direct"]),
+         "hicache.io_backend": rng.choice(["kernel", "direct"]),
+         "hicache.load_fence": rng.choice(["true", "true", "false"]),
+         "hicache.load_back_threshold": rng.choice(["0", "10"])}
+    ptp = rng.choice([1, 2, 4])
+    if dsa and rng.random() < 0.5:
+        o |= {"deployment.mode": "pd", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
+              "deployment.gpus": str(2 * ptp), "hicache.decode": rng.choice(["true", "true", "false"])}
+    elif not dsa and rng.random() < 0.5:
+        o |= {"deployment.mode": "pd", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
+              "deployment.gpus": str(2 * ptp), "hicache.decode": "false"}
+    else:
+        o |= {"deployment.mode": "colocated", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
+              "deployment.gpus": str(ptp), "hicache.decode": "true"}
+    o["deployment.simulated_ranks"] = str(rng.randint(1, min(ptp, 3)))
+    if rng.random() < 0.5:
+        o |= {"scheduler.overlap": "true", "scheduler.event_loop": "overlap"}
+    if dsa:
+        o["variant.gate_map"] = rng.choice(["upstream-0.5.10", "upstream-0.5.11", "upstream-0.5.11"])
+        o["model.index_k_store"] = rng.choice(["fused", "fallback"])
+    hyp = "none" if rng.random() < 0.4 else rng.choice(EVICT_HYPS[1:] if dsa else EVICT_HYPS[1:3])
+    o["variant.hypotheses"] = hyp
+    case = Case(index, preset, [f"{k}={v}" for k, v in o.items()], evict=True)
+    if rng.random() < 0.5:
+        case.profile_text = _jitter_profile("h200", rng.choice([5.0, 15.0, 40.0]))
+    return case
+
+
+def expected_clean(case: Case) -> bool:
+    """Whether the case is SGLang 0.5.11+ as shipped: dsa-v3.2 under the upstream-0.5.11 gate
+    map, no hypothesis, the load fence on: no corrupted request, stale or torn read, latent race."""
+    o = dict(item.partition("=")[::2] for item in case.overrides)
+    return (case.preset == "glm5-22811-small" and o.get("model.family", "dsa-v3.2") == "dsa-v3.2"
+            and o.get("variant.gate_map") == "upstream-0.5.11" and o.get("variant.hypotheses") in ("none", "")
+            and _BOOL.get(o.get("hicache.load_fence", "true"), True))
+
+
+def clean_violations(d: dict) -> list[str]:
+    """What a run expected clean (:func:`expected_clean`) shows that it must not."""
+    bad = [f"{k} {d[k]}" for k in ("requests_corrupted", "stale_reads", "torn_reads", "latent_races", "oob_writes")
+           if d.get(k)]
+    dec = d.get("decode") or {}
+    bad += [f"decode.{k} {dec[k]}" for k in ("requests_corrupted", "stale_reads", "torn_reads") if dec.get(k)]
+    return bad
+
+
+def with_ranks(case: Case, ranks: int) -> Case:
+    """The case with ``deployment.simulated_ranks`` set to ``ranks`` (all else the same)."""
+    over = [o for o in case.overrides if not o.startswith("deployment.simulated_ranks=")]
+    return Case(case.index, case.preset, over + [f"deployment.simulated_ranks={ranks}"], list(case.invalid),
+                case.file_text, case.trace_text, case.seed_arg, case.profile_text, case.evict)
+
+
+def rank_agreement(one: Outcome, two: Outcome) -> list[str]:
+    """Where a run on 1 simulated rank and the same run on 2 disagree on what must not depend on
+    the ranks: requests_total, and the requests the KV oracle finds reading wrong KV."""
+    if one.klass != "OK" or two.klass != "OK":
+        return [f"classes {one.klass}/{two.klass}"]
+    a, b = one.result, two.result
+    bad = []
+    if a["requests_total"] != b["requests_total"]:
+        bad.append(f"requests_total {a['requests_total']} (1 rank) != {b['requests_total']} (2 ranks)")
+    if a["wrong_kv_rids"] != b["wrong_kv_rids"]:
+        bad.append(f"wrong-kv requests {a['wrong_kv_rids']} (1 rank) != {b['wrong_kv_rids']} (2 ranks)")
+    return bad
+
+
 def _is_bad(key: str, value: str, muts) -> bool:
     return any(k == key and v == value and bad for k, v, bad in muts) and \
         not any(k == key and v == value and not bad for k, v, bad in muts)
@@ -538,6 +646,11 @@ def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outco
         with open(p, "w", encoding="utf-8", errors="surrogateescape") as f:
             f.write(case.trace_text)
         over.append(f"workload.trace={p}")
+    if case.profile_text is not None:
+        p = os.path.join(tmp, f"profile_{case.index}.toml")
+        with open(p, "w") as f:
+            f.write(case.profile_text)
+        over.append(f"deployment.profile={p}")
     if case.file_text is not None:
         target = os.path.join(tmp, f"case_{case.index}.toml")
         with open(target, "w") as f:
@@ -556,8 +669,19 @@ def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outco
         rc, out, err = None, "", (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) else ""
     wall = time.monotonic() - t0
     klass, symptom = classify(case, rc, out, err)
-    feats = features(json.loads(out)) if klass == "OK" else ()
-    return Outcome(case, klass, symptom, rc, wall, err[-2000:] if klass == "BUG" else "", feats)
+    d = json.loads(out) if klass == "OK" else {}
+    if klass == "OK" and case.evict and expected_clean(case):
+        broken = clean_violations(d)
+        if broken:
+            klass, symptom = "BUG", "expected clean (0.5.11, none, fence on): " + ", ".join(broken)
+    feats = features(d) if d else ()
+    res = {k: v for k, v in d.items() if isinstance(v, (int, float, str))}
+    if isinstance(d.get("decode"), dict):
+        res["decode"] = {k: v for k, v in d["decode"].items() if isinstance(v, (int, float, str))}
+        res["decode"]["corrupted_rids"] = d["decode"].get("corrupted_rids", [])
+    res["corrupted_rids"] = sorted({q for r in d.get("corrupted_reads", []) for q in r.get("requests", [])})
+    res["wrong_kv_rids"] = sorted({q for r in d.get("corrupted_reads", []) for q in r.get("wrong_kv_requests", [])})
+    return Outcome(case, klass, symptom, rc, wall, err[-2000:] if klass == "BUG" else "", feats, res)
 
 
 def features(d: dict) -> tuple:
@@ -591,9 +715,16 @@ def main(argv=None) -> int:
     ap.add_argument("--bugs", default="fuzz_bugs.json", help="where the bugs go (JSON)")
     ap.add_argument("--first", type=int, default=0, help="first case index (resume)")
     ap.add_argument("--stress", action="store_true", help="valid cases made to load back (draw_stress_case)")
+    ap.add_argument("--evict", action="store_true",
+                    help="valid cases under heavy eviction (draw_evict_case): tables load-back coverage per "
+                         "hypothesis, checks runs expected clean, and every --pair-every'th case with TP >= 2 "
+                         "on 1 and 2 simulated ranks (rank_agreement)")
+    ap.add_argument("--pair-every", type=int, default=4)
     a = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="kvfuzz")
     rng = random.Random(a.seed)
+    if a.evict:
+        return _main_evict(a, rng, tmp)
     draw = (lambda r, i: draw_stress_case(r, i)) if a.stress else (lambda r, i: draw_case(r, i, tmp))
     cases = [draw(rng, i) for i in range(a.first + a.cases)][a.first:]
     outcomes: list[Outcome] = []
@@ -624,6 +755,70 @@ def main(argv=None) -> int:
              "file_text": o.case.file_text, "trace_text": o.case.trace_text, "seed_arg": o.case.seed_arg,
              "index": o.case.index, "symptom": o.symptom, "rc": o.rc, "stderr_tail": o.stderr_tail}
             for o in outcomes if o.klass == "BUG"]
+    with open(a.bugs, "w") as f:
+        json.dump(bugs, f, indent=1)
+    print(f"{len(bugs)} bugs written to {a.bugs}")
+    return 0
+
+
+def _hyp(case: Case) -> str:
+    return next((o.partition("=")[2] for o in case.overrides if o.startswith("variant.hypotheses=")), "") or "none"
+
+
+def _main_evict(a, rng: random.Random, tmp: str) -> int:
+    cases = [draw_evict_case(rng, i) for i in range(a.first + a.cases)][a.first:]
+    pairs = [c for c in cases if a.pair_every > 0 and c.index % a.pair_every == 0
+             and not any(o in c.overrides for o in ("deployment.prefill_tp=1",))]
+    jobs = [("case", c) for c in cases] + [("pair", c) for c in pairs]
+
+    def go(job):
+        kind, c = job
+        if kind == "case":
+            return kind, run_case(c, a.timeout, tmp)
+        return kind, (run_case(with_ranks(c, 1), a.timeout, tmp), run_case(with_ranks(c, 2), a.timeout, tmp))
+
+    outcomes: list[Outcome] = []
+    bugs = []
+    pair_rows = []
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(a.jobs) as ex:
+        for kind, res in ex.map(go, jobs):
+            if kind == "case":
+                o = res
+                outcomes.append(o)
+                mark = "" if o.klass != "BUG" else f"  {o.symptom[:150]}"
+                print(f"[{o.case.index:4d}] {o.klass:5s} {o.wall_s:5.1f}s {o.case.preset} {_hyp(o.case)} "
+                      f"load_backs {o.result.get('load_backs', '-')}{mark}", flush=True)
+                if o.klass == "BUG":
+                    bugs.append({"preset": o.case.preset, "overrides": o.case.overrides, "index": o.case.index,
+                                 "profile_text": o.case.profile_text, "symptom": o.symptom, "rc": o.rc,
+                                 "stderr_tail": o.stderr_tail})
+            else:
+                one, two = res
+                broken = rank_agreement(one, two)
+                pair_rows.append((one.case.index, one.case.profile_text is not None, broken,
+                                  bool(one.result.get("wrong_kv_rids") or two.result.get("wrong_kv_rids"))))
+                print(f"[{one.case.index:4d}] pair 1/2 ranks: {'; '.join(broken) or 'agree'}", flush=True)
+    print(f"\n{len(outcomes)} evict cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
+    print(f"{'class':<8}" + "".join(f"{c:>7}" for c in ("OK", "INPUT", "BUG")))
+    print(f"{'all':<8}" + "".join(f"{sum(o.klass == c for o in outcomes):>7}" for c in ("OK", "INPUT", "BUG")))
+    print(f"\n{'hypothesis':<24}{'OK':>5}{'load-backs':>11}{'dec-loads':>10}{'corrupted':>10}{'clean-chk':>10}")
+    hyps = sorted({_hyp(o.case) for o in outcomes})
+    for h in hyps + ["all"]:
+        sel = [o for o in outcomes if o.klass == "OK" and (h == "all" or _hyp(o.case) == h)]
+        lb = sum(o.result.get("load_backs", 0) > 0 for o in sel)
+        dl = sum((o.result.get("decode") or {}).get("load_backs", 0) > 0 for o in sel)
+        cor = sum(o.result.get("requests_corrupted", 0) > 0 for o in sel)
+        cl = sum(expected_clean(o.case) for o in sel)
+        print(f"{h:<24}{len(sel):>5}{lb:>11}{dl:>10}{cor:>10}{cl:>10}")
+    if pair_rows:
+        agree = [r for r in pair_rows if not r[2]]
+        print(f"\nrank pairs (1 vs 2 simulated ranks): {len(pair_rows)}, agree {len(agree)}; "
+              f"disagreeing: with launch jitter {sum(r[1] for r in pair_rows if r[2])}, "
+              f"with wrong-kv reads {sum(r[3] for r in pair_rows if r[2])}")
+        for idx, jit, broken, _ in pair_rows:
+            if broken:
+                print(f"  case {idx} (jitter {jit}): {'; '.join(broken)}")
     with open(a.bugs, "w") as f:
         json.dump(bugs, f, indent=1)
     print(f"{len(bugs)} bugs written to {a.bugs}")
