@@ -802,10 +802,17 @@ def _main_evict(a, rng: random.Random, tmp: str) -> int:
     print(f"\n{len(outcomes)} evict cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
     print(f"{'class':<8}" + "".join(f"{c:>7}" for c in ("OK", "INPUT", "BUG")))
     print(f"{'all':<8}" + "".join(f"{sum(o.klass == c for o in outcomes):>7}" for c in ("OK", "INPUT", "BUG")))
-    print(f"\n{'hypothesis':<24}{'OK':>5}{'load-backs':>11}{'dec-loads':>10}{'corrupted':>10}{'clean-chk':>10}")
-    hyps = sorted({_hyp(o.case) for o in outcomes})
-    for h in hyps + ["all"]:
-        sel = [o for o in outcomes if o.klass == "OK" and (h == "all" or _hyp(o.case) == h)]
+    print(f"\n{'OK runs by':<24}{'OK':>5}{'load-backs':>11}{'dec-loads':>10}{'corrupted':>10}{'clean-chk':>10}")
+    groups = [(h, lambda o, h=h: _hyp(o.case) == h) for h in sorted({_hyp(o.case) for o in outcomes})]
+    groups += [(w, lambda o, w=w: f"hicache.write_policy={w}" in o.case.overrides)
+               for w in ("write_through", "write_through_selective", "write_back")]
+    groups += [("ranks>1", lambda o: o.result.get("simulated_ranks", 1) > 1),
+               ("launch jitter", lambda o: o.case.profile_text is not None),
+               ("overlap loop", lambda o: "scheduler.event_loop=overlap" in o.case.overrides),
+               ("pd + decode hicache", lambda o: "decode" in o.result and o.result["decode"].get("hicache")),
+               ("all", lambda o: True)]
+    for h, pick in groups:
+        sel = [o for o in outcomes if o.klass == "OK" and pick(o)]
         lb = sum(o.result.get("load_backs", 0) > 0 for o in sel)
         dl = sum((o.result.get("decode") or {}).get("load_backs", 0) > 0 for o in sel)
         cor = sum(o.result.get("requests_corrupted", 0) > 0 for o in sel)
