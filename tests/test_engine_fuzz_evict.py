@@ -72,3 +72,20 @@ def test_evict_sweep_loads_back_and_finds_no_bug(seed, tmp_path):
     outs = [fuzz_engine.run_case(fuzz_engine.draw_evict_case(rng, i), 120, str(tmp_path)) for i in range(10)]
     assert [(o.case.overrides, o.symptom) for o in outs if o.klass != "OK"] == []
     assert sum(o.result["load_backs"] > 0 for o in outs) >= 7
+
+
+@pytest.mark.slow
+def test_one_and_two_ranks_agree_without_launch_jitter_only(tmp_path):
+    """Seed 11's case 28 of the --evict sweep (dsa-v3.2, PD, prefill TP 2, the upstream-0.5.10
+    gate map whose index-K read races): on 1 and 2 simulated ranks the KV oracle flags the same
+    requests without launch jitter; with the case's launch jitter (a draw per rank from one
+    sequential generator) the raced reads, and so the wrong-KV requests, differ."""
+    rng = random.Random(11)
+    case = [fuzz_engine.draw_evict_case(rng, i) for i in range(29)][28]
+    assert case.profile_text is not None and "variant.gate_map=upstream-0.5.10" in case.overrides
+    plain = fuzz_engine.Case(case.index, case.preset, case.overrides, evict=True)
+    runs = {name: [fuzz_engine.run_case(fuzz_engine.with_ranks(c, n), 180, str(tmp_path)) for n in (1, 2)]
+            for name, c in (("plain", plain), ("jitter", case))}
+    assert fuzz_engine.rank_agreement(*runs["plain"]) == []
+    assert runs["plain"][0].result["wrong_kv_rids"]
+    assert any("wrong-kv" in b for b in fuzz_engine.rank_agreement(*runs["jitter"]))
