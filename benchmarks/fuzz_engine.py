@@ -451,10 +451,14 @@ def rank_agreement(one: Outcome, two: Outcome) -> list[str]:
     NOTE: they must agree only without launch jitter (``device.launch_jitter_us`` 0, every
     shipped profile): rank 0 of a 2-rank run then keeps the 1-rank run's keyed compute jitter.
     With launch jitter each rank draws its own skew from the run's one sequential generator, so
-    rank 0 of the 2-rank run sees other draws, and where a read races (the upstream-0.5.10 gate
+    rank 0 of the 2-rank run sees other draws.  Where a read races (the upstream-0.5.10 gate
     map's ungated index-K, ``ungated-index-k``, ``load-unfenced``) whether its bytes are wrong
-    when read, which is what the oracle judges, depends on those draws.  ``--evict`` sweeps
-    found such pairs (seed 11: cases 20, 28 and 156); they are reported, not counted as bugs."""
+    when read, which is what the oracle judges, depends on those draws; and with no race at all
+    (``index-k-not-backed-up`` under upstream-0.5.11 with the fence) the ack times decide which
+    backups ``writing_check`` has finished when the scheduler evicts, so which prefixes are
+    loaded back, and so which requests read index-K never backed up.  ``--evict`` sweeps found
+    such pairs (seed 11: cases 20, 28, 156; seed 12: cases 44, 96), all with launch jitter;
+    they are reported, not counted as bugs."""
     if one.klass != "OK" or two.klass != "OK":
         return [f"classes {one.klass}/{two.klass}"]
     a, b = one.result, two.result
