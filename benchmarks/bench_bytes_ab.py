@@ -154,7 +154,10 @@ def main(argv=None) -> None:
             print(f"| `{t}` | {fmt(rows[t]['writes_on'])} | {fmt(rows[t]['writes_off'])} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"scenario": args.scenario, "set": args.sets, "duration_s": args.duration, "reps": args.reps,
+            # NOTE: a tree is a directory (a git archive, maybe with files copied in): say in
+            # BENCHMARKS.md which commit and files each one holds
+            cmd = " ".join(["python benchmarks/bench_bytes_ab.py", *(sys.argv[1:] if argv is None else argv)])
+            json.dump({"command": cmd, "scenario": args.scenario, "set": args.sets, "duration_s": args.duration, "reps": args.reps,
                        "started": t0, "machine": platform.platform(), "python": platform.python_version(),
                        "load_avg": os.getloadavg(), "trees": rows}, f, indent=1)
 
