@@ -512,8 +512,7 @@ class DecodeCacheEngine(DecodeEngine):
     def _check_ownership(self, ds: list[DecodeReq]) -> None:
         """Every slot a step reads or writes for a request is allocated (not free), and no two
         running requests own the same slot past their tree prefix."""
-        alloc = self.session.allocator
-        free = np.concatenate([np.asarray(alloc.free_pages, np.int64), np.asarray(alloc.release_pages, np.int64)])
+        free = self.session.allocator.free_page_ids()
         seen: set[int] = set()
         for d in ds:
             self.counts["ownership_checks"] += 1

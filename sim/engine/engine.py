@@ -479,9 +479,7 @@ class PrefillEngine:
         # NOTE: membership by boolean masks over slot and page ids, built once per batch: the
         # tree can hold the whole device pool (a million slots in the incident), which sets of
         # Python ints rebuilt per batch made the largest part of a long run's engine time
-        alloc = self.session.allocator
-        free = np.concatenate([np.asarray(alloc.free_pages, np.int64),
-                               np.asarray(getattr(alloc, "release_pages", np.zeros(0, np.int64)), np.int64)])
+        free = self.session.allocator.free_page_ids()
         parts = []
         stack = [self.cache.root_node]
         while stack:

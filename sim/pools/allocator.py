@@ -103,6 +103,12 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
     def get_kvcache(self):
         return self._kvcache
 
+    def free_page_ids(self) -> np.ndarray:
+        """Every page id the allocator can hand out (``free_pages`` then ``release_pages``,
+        int64; token ids when ``page_size == 1``): not held by anyone.  kvrace's own, for the
+        engines' ownership checks."""
+        return np.concatenate((self.free_pages, self.release_pages)).astype(np.int64, copy=False)
+
     def backup_state(self) -> tuple[np.ndarray, np.ndarray]:
         """``(free_pages, release_pages)``; the arrays are never mutated in place."""
         return (self.free_pages, self.release_pages)
