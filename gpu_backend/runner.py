@@ -51,8 +51,8 @@ import numpy as np
 
 from gpu_backend.memory import DEFAULT_GUARD_BYTES, BufferSet, GuardReport
 from gpu_backend.providers.base import ProviderError
-from sim.bytes.pattern import Origin, pattern_bytes
-from sim.memory import Memory
+from sim.bytes.pattern import pattern_bytes
+from sim.memory import Memory, write_pattern
 from sim.schedule import Schedule
 from sim.snapshot import Snapshot, digest
 
@@ -123,9 +123,10 @@ def contiguous_pieces(offsets: np.ndarray, lengths: np.ndarray) -> list[tuple[in
 
 
 def staged_write(schedule: Schedule, op) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """What a ``write`` op stores: ``(offsets, lengths, bytes)``, one extent per distinct unit
-    (a unit named twice keeps its last place, as the simulator's later-wins fill does), the
-    bytes being the units' pattern bytes of origin (kind, layer, owner, version)."""
+    """What a ``write`` op stores: ``(offsets, lengths, bytes)``, per layer it writes (in its
+    order) one extent per distinct unit (a unit named twice keeps its last place, as the
+    simulator's later-wins fill does), the bytes being the units' pattern bytes of that layer's
+    origin (kind, layer, owner, version: ``sim.memory.write_pattern``)."""
     spec = schedule.buffers[op.buffer]
     ub = spec.layout.unit_bytes
     units = np.asarray(op.units, np.int64)
@@ -134,11 +135,16 @@ def staged_write(schedule: Schedule, op) -> tuple[np.ndarray, np.ndarray, np.nda
         raise AssertionError(f"write {op.id}: expected one {ub}-byte extent per unit")
     _, last = np.unique(units[::-1], return_index=True)
     keep = np.sort(units.size - 1 - last)
-    units, offs, lens = units[keep], offs[keep], lens[keep]
-    origin = Origin(spec.kind, int(op.layer), int(op.owner), int(op.version), ub)
-    lo, hi = int(units.min()), int(units.max())
-    rows = pattern_bytes(origin, lo * ub, (hi - lo + 1) * ub).reshape(hi - lo + 1, ub)
-    return offs, lens, np.ascontiguousarray(rows[units - lo]).reshape(-1)
+    kept = units[keep]
+    lo, hi = int(kept.min()), int(kept.max())
+    origins, _ = write_pattern(spec, op.layers or op.layer, units, int(op.owner), int(op.version))
+    out_o, out_l, out_b = [], [], []
+    for g, origin in enumerate(origins):
+        rows = pattern_bytes(origin, lo * ub, (hi - lo + 1) * ub).reshape(hi - lo + 1, ub)
+        out_o.append(offs[g * units.size + keep])
+        out_l.append(lens[g * units.size + keep])
+        out_b.append(np.ascontiguousarray(rows[kept - lo]).reshape(-1))
+    return np.concatenate(out_o), np.concatenate(out_l), np.concatenate(out_b)
 
 
 def schedule_device(schedule: Schedule) -> int:

@@ -145,6 +145,17 @@ def _fill_segments(models, segments) -> None:
             m.fill(a[:, 0], a[:, 1], origin, a[:, 2])
 
 
+
+def write_pattern(spec, layer, units, owner: int, version: int) -> tuple[list[Origin], np.ndarray]:
+    """What a write of ``units`` stores (the one home of that rule): the origins, one per layer
+    (``layer``: one layer or a sequence), and each extent's offset in its origin's pattern
+    stream, layer by layer (unit ``u`` of the origin starts at byte ``u * unit_bytes``)."""
+    ub = spec.layout.unit_bytes
+    layers = [int(x) for x in layer] if isinstance(layer, (tuple, list)) else [layer]
+    soffs = np.asarray(units, np.int64) * ub
+    return ([Origin(spec.kind, x, owner, version, ub) for x in layers],
+            soffs if len(layers) == 1 else np.tile(soffs, len(layers)))
+
 class Memory:
     """Both byte models of a schedule's buffers.
 
@@ -286,15 +297,26 @@ class Memory:
             for m in self._models(dst):
                 m.fill(d[fill] + f0[fill], (f1 - f0)[fill], origin, s[fill] + f0[fill] - c.src_nbytes)
 
-    def write_units(self, name: str, layer: int, units: np.ndarray, offsets, lengths, owner: int,
+    def write_units(self, name: str, layer, units: np.ndarray, offsets, lengths, owner: int,
                     version: int) -> None:
-        spec = self.specs[name]
-        origin = Origin(spec.kind, layer, owner, version, spec.layout.unit_bytes)
+        """Store pattern bytes of ``units`` at ``[offsets, offsets + lengths)``: unit ``u`` of
+        origin (buffer kind, layer, owner, version).  ``layer``: one layer, or a sequence of
+        layers whose extents come one after another (``len(units)`` each, the same units in
+        every layer: :class:`sim.schedule.WriteOp`), each with its own layer's origin."""
         offsets, lengths = np.asarray(offsets, np.int64), np.asarray(lengths, np.int64)
+        origins, soffs = write_pattern(self.specs[name], layer, units, owner, version)
         for m in self._models(name):
-            m.fill(offsets, lengths, origin, np.asarray(units, np.int64) * spec.layout.unit_bytes)
+            if len(origins) == 1:
+                m.fill(offsets, lengths, origins[0], soffs)
+            else:
+                m.fill_groups(offsets, lengths, origins, soffs)
         if self._watchers:
             self._notify(name, offsets, lengths)
+
+    def apply_write(self, op) -> None:
+        """Apply a ``write`` op (:class:`sim.schedule.WriteOp`): every layer it writes."""
+        offs, lens = op.extents
+        self.write_units(op.buffer, op.layers or op.layer, op.units, offs, lens, op.owner, op.version)
 
     # ---------------------------------------------------------------- views
     def view(self, name: str, offset: int, nbytes: int) -> "View":

@@ -317,8 +317,7 @@ class _Writer:
 def _writers(s: Schedule, n_words: dict) -> list[_Writer]:
     from sim.bytes.compact import pattern_runs
     from sim.bytes.material import MaterialBuffer
-    from sim.bytes.pattern import Origin
-    from sim.memory import oob_origin
+    from sim.memory import oob_origin, write_pattern
 
     out = []
     for op in s.ops:
@@ -327,8 +326,8 @@ def _writers(s: Schedule, n_words: dict) -> list[_Writer]:
             offs, lens = (np.asarray(a, np.int64) for a in op.extents)
             spec = s.buffers[op.buffer]
             mat = MaterialBuffer(spec.nbytes)
-            origin = Origin(spec.kind, op.layer, op.owner, op.version, spec.layout.unit_bytes)
-            mat.fill(offs, lens, origin, np.asarray(op.units, np.int64) * spec.layout.unit_bytes)
+            origins, soffs = write_pattern(spec, op.layers, op.units, op.owner, op.version)
+            mat.fill_groups(offs, lens, origins, soffs)
             full, touched = _covered_words(offs, lens, nw)
             words = mat.data[:nw * 8].view("<u8")
             pos = np.flatnonzero(full)

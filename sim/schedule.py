@@ -36,6 +36,7 @@ JSON shape (``kvrace_schedule`` is the format version; 1 still loads: one host):
      "events": ["e0", ...],
      "ops": [{"op": "copy", "stream", "routine", "src", "dst", "args": {...}},
              {"op": "read"|"write", "stream", "buffer", "layer", "units"|"tokens"|"ranges", ...},
+             {"op": "write", "stream", "buffer", "layers": [0, 1, ...], "units", ...},
              {"op": "compute", "stream", "duration_us", "jitter": true|false},
              {"op": "record"|"wait", "stream", "event"},
              {"op": "host_sync", "event"|"stream"|nothing (= device synchronize)},
@@ -169,6 +170,7 @@ class Op:
     routine = src = dst = plan = None
     args = _NO_ARGS
     buffer = extents = layer = units = None
+    layers = ()
     owner, version = -1, 0
     duration_us = 0.0
     event = bound_record = sync_stream = None
@@ -195,8 +197,13 @@ class ReadOp(Op):
 
 @dataclass
 class WriteOp(ReadOp):
+    """A kernel storing pattern bytes into ``units`` of every layer of ``layers`` (in that
+    order): the bytes of unit ``u`` of layer ``l`` are unit ``u`` of origin (buffer kind, ``l``,
+    ``owner``, ``version``).  ``extents`` are the units' extents layer by layer (``len(units)``
+    per layer); ``layer`` is the one layer of a one-layer write, None for several."""
     owner: int = -1
     version: int = 0
+    layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -757,7 +764,7 @@ class ScheduleBuilder:
         self._allowed = {
             "copy": c | {"stream", "routine", "src", "dst", "args"},
             "read": c | {"stream", "buffer", "layer", "units", "tokens", "ranges"},
-            "write": c | {"stream", "buffer", "layer", "units", "tokens", "ranges", "owner", "version"},
+            "write": c | {"stream", "buffer", "layer", "layers", "units", "tokens", "ranges", "owner", "version"},
             "compute": c | {"stream", "duration_us", "jitter"},
             "host_delay": c | {"stream", "duration_us"},
             "record": c | {"stream", "event"},
@@ -863,14 +870,45 @@ class ScheduleBuilder:
         kind = op.op
         _keys(d, self._allowed[kind], w)
         op.buffer = _name(d, "buffer", w, self.buffers, "buffer")
-        op.layer, op.units, op.extents = _selection(d, w, self.buffers[op.buffer], self.totals,
-                                                    allow_ranges=(kind == "read"))
+        if kind == "write" and "layers" in d:
+            self._parse_layers(op, d, w)
+        else:
+            op.layer, op.units, op.extents = _selection(d, w, self.buffers[op.buffer], self.totals,
+                                                        allow_ranges=(kind == "read"))
         if kind == "write":
             if not ("units" in d):
                 raise InputError(f"{w}.units",
                                  "a write names the units it stores (the pattern's unit is the buffer's unit)")
+            if not op.layers:
+                op.layers = (op.layer,)
             op.owner = _get(d, "owner", w, int, default=-1)
             op.version = _get(d, "version", w, int, default=1)
+
+    def _parse_layers(self, op, d, w) -> None:
+        """A write of several layers (``layers``: distinct layer ids, in the order written):
+        the units' extents of each layer, layer by layer."""
+        if "layer" in d:
+            raise InputError(f"{w}.layers", "expected exactly one of 'layer' or 'layers', got both")
+        if "units" not in d:
+            raise InputError(f"{w}.units", "a write of 'layers' names its units (one unit list for every layer)")
+        lay = self.buffers[op.buffer].layout
+        layers = _int_list(_get(d, "layers", w, list), f"{w}.layers", 0, lay.layers - 1)
+        if not (layers.size > 0):
+            raise InputError(f"{w}.layers", "expected at least one layer")
+        if not (np.unique(layers).size == layers.size):
+            raise InputError(f"{w}.layers", f"expected distinct layers, got {show(layers.tolist())}")
+        first = {k: v for k, v in d.items() if k != "layers"}
+        first["layer"] = int(layers[0])
+        _, op.units, (offs, lens) = _selection(first, w, self.buffers[op.buffer], self.totals, allow_ranges=False)
+        self.totals.add_indices(op.units.size * (layers.size - 1), f"{w}.layers")
+        op.layers = tuple(layers.tolist())
+        op.layer = op.layers[0] if layers.size == 1 else None
+        # NOTE: a unit's offset in layer l is its layer-0 offset plus l times a per-layer step in
+        # every layout except the host ones that interleave layers inside a page, so each layer is
+        # placed by the layout itself
+        op.extents = (np.concatenate([offs] + [np.asarray(lay.unit_offsets(x, op.units), np.int64)
+                                               for x in op.layers[1:]]),
+                      np.tile(lens, layers.size))
 
     _parse_write = _parse_read
 

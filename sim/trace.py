@@ -100,6 +100,15 @@ class Timeline:
     clock: str = "simulated"      # "measured" for a GPU run's timeline (measured_timeline)
 
 
+def _access_args(op) -> dict:
+    """A read's or write's slice args: its buffer, layer (``layers`` for a multi-layer write)
+    and bytes."""
+    out = {"buffer": op.buffer, "layer": op.layer, "bytes": int(op.extents[1].sum())}
+    if len(op.layers) > 1:
+        out["layers"] = list(op.layers)
+    return out
+
+
 def _lane(op) -> str:
     return f"stream:{op.stream}" if op.stream is not None else f"host:{op.host}"
 
@@ -123,7 +132,7 @@ def timeline(run, report: dict | None = None) -> Timeline:
         if op.op == "copy":
             args.update(routine=op.routine, src=op.src, dst=op.dst, items=int(op.plan.extents.n_items))
         elif op.op in ("read", "write"):
-            args.update(buffer=op.buffer, layer=op.layer, bytes=int(op.extents[1].sum()))
+            args.update(_access_args(op))
             if op.id in run.access_us:
                 args["touched_us"] = float(run.access_us[op.id])
         elif op.event is not None:
@@ -335,7 +344,7 @@ def measured_timeline(schedule, timings_us: dict, statuses: dict | None = None, 
             if op.op == "copy":
                 args.update(routine=op.routine, src=op.src, dst=op.dst, items=int(op.plan.extents.n_items))
             elif op.op in ("read", "write"):
-                args.update(buffer=op.buffer, layer=op.layer, bytes=int(op.extents[1].sum()))
+                args.update(_access_args(op))
             slices.append(Slice(op.id, op.op, lane, t0, t1, args))
             last_end[op.stream] = max(last_end[op.stream], t1)
             if op.op == "read" and op.id in statuses:

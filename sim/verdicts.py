@@ -174,8 +174,7 @@ def _candidate_writers(s, intra: list[dict], table) -> dict[int, list]:
     out: dict[int, list] = {}
     for op in s.ops[:max(racy) + 1]:
         if op.op == "write":
-            offs, lens = op.extents
-            mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+            mem.apply_write(op)
         if op.op != "copy":
             continue
         src_spec, dst_spec = s.buffers[op.src], s.buffers[op.dst]
@@ -707,7 +706,7 @@ class OnlineVerdicts:
         elif kind == "write":
             offs, lens = op.extents
             ws, we = _merge(offs, lens)
-            self.ref.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+            self.ref.apply_write(op)
             if op.buffer in self._indet:
                 self._indet[op.buffer] = _subtract(*self._indet[op.buffer], ws, we)
             accs = [(op.buffer, True, ws, we)]

@@ -173,8 +173,7 @@ def _apply(run, events) -> Memory:
             bounds = np.searchsorted(c.item, [a, b])
             mem.apply_copy(op.src, op.dst, c, slice(int(bounds[0]), int(bounds[1])))
         elif op.op == "write":
-            offs, lens = op.extents
-            mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+            mem.apply_write(op)
     return mem
 
 

@@ -123,6 +123,22 @@ def test_staged_write_is_the_simulators_write_and_dedupes_units():
         pos += n
 
 
+def test_staged_write_of_several_layers_is_the_simulators_write():
+    doc = schedule_doc([{"id": "w", "op": "write", "stream": "s0", "buffer": "D", "layers": [1, 0],
+                         "units": [3, 1, 3], "owner": 7, "version": 2}])
+    s = validate(doc)
+    op = s.op("w")
+    offs, lens, data = staged_write(s, op)
+    assert offs.size == 4 and sorted(offs.tolist()) == sorted(set(op.extents[0].tolist()))
+    mem = Memory(s.buffers)
+    mem.apply_write(op)
+    want = mem.final_bytes("D")
+    pos = 0
+    for o, n in zip(offs.tolist(), lens.tolist()):
+        assert np.array_equal(data[pos:pos + n], want[o:o + n])
+        pos += n
+
+
 def test_guard_bytes_cover_the_c4_overrun():
     s = load("examples/c4_routine_on_bf16_index_k.json")
     g = guard_bytes_needed(s)

@@ -968,6 +968,23 @@ class CompactBuffer:
         if len(lens):
             self._write(dst, dst + lens, np.full(len(lens), oid, dtype=_I64), soff)
 
+    def fill_groups(self, dst_offsets, lengths, origins, stream_offsets) -> None:
+        """:meth:`fill` of several origins in one write: the extents are ``len(origins)`` equal
+        groups, group ``k`` holding pattern bytes of ``origins[k]`` (a multi-layer write: one
+        group per layer); a later extent wins where extents overlap, as one fill per group in
+        group order would give."""
+        lengths = _int_array(lengths, "fill_groups.lengths")
+        k = len(origins)
+        if not (k > 0 and lengths.size % k == 0):
+            raise InputError("origins", f"expected the {lengths.size} extents in {k} equal groups (one per origin)")
+        oids = np.repeat(np.array([self.table.intern(o) for o in origins], _I64), lengths.size // k)
+        # NOTE: the origin ids ride along as a third offsets array (bounded by int64), so the
+        # zero-length extents extents() drops take their ids with them
+        lens, dst, soff, oid = extents("fill", lengths, ("dst_offsets", dst_offsets, self.nbytes),
+                                       ("stream_offsets", stream_offsets, _I64_MAX), ("origins", oids, _I64_MAX))
+        if len(lens):
+            self._write(dst, dst + lens, oid, soff)
+
     def copy_from(self, src: "CompactBuffer", src_offsets, dst_offsets, lengths) -> None:
         """Copy extents of ``src`` into this buffer: all source bytes are read
         first (``src`` may be ``self``), then written in extent order (a later

@@ -92,6 +92,16 @@ class MaterialBuffer:
             dst, soff, lens = ps, soff[owner] + (ps - dst[owner]), pe - ps
         scatter_extents(self.data, dst, lens, pattern_runs(origin, soff, lens))
 
+    def fill_groups(self, dst_offsets, lengths, origins, stream_offsets) -> None:
+        """``CompactBuffer.fill_groups``: one :meth:`fill` per origin's group, in group order."""
+        lens, dst, soff = (np.atleast_1d(np.asarray(a, _I64)) for a in (lengths, dst_offsets, stream_offsets))
+        k = len(origins)
+        if not (k > 0 and lens.size % k == 0 and dst.size == lens.size == soff.size):
+            raise InputError("origins", f"expected the {lens.size} extents in {k} equal groups (one per origin)")
+        n = lens.size // k
+        for g, origin in enumerate(origins):
+            self.fill(dst[g * n:(g + 1) * n], lens[g * n:(g + 1) * n], origin, soff[g * n:(g + 1) * n])
+
     def copy_from(self, src: "MaterialBuffer", src_offsets, dst_offsets, lengths) -> None:
         """Copy extents of ``src``: all source bytes are read first (``src`` may
         be ``self``), then written in extent order (later extent wins)."""

@@ -113,8 +113,7 @@ class Evaluator:
             if op.op == "copy":
                 mem.apply_copy(op.src, op.dst, node.clipped)
             elif op.op == "write":
-                offs, lens = op.extents
-                mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+                mem.apply_write(op)
             elif op.index in self._fixed_reads:
                 reads.append(self._fixed_reads[op.index][0])
             else:
