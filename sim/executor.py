@@ -375,6 +375,9 @@ class Executor:
     #: same run, slower: tests/test_speed_queues.py runs both)
     queue_type = StreamQueue
     link_type = LinkResource
+    #: landed items of one copy applied in one call where nothing lands between them (see
+    #: _advance); False: one call per landing time (tests/test_speed_landing.py runs both)
+    MERGE_LANDED = True
 
     def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
                  seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True,
@@ -627,25 +630,48 @@ class Executor:
 
     def _advance(self, t: float) -> None:
         """Apply every item that has landed by time t, in landing order."""
-        landed = []
+        ranges = []                             # (copy, first item, end item) landed now
         for cp in self.active:
             e1 = cp.one_end
             if e1 is not None:                  # one item (a page copy): no grouping
                 if cp.applied == 0 and e1 <= t:
-                    landed.append((e1, cp.op.index, cp, 0, 1))
+                    ranges.append((cp, 0, 1))
                     cp.applied = 1
                 continue
             n = int(np.searchsorted(cp.end_abs, t, side="right"))
             if n > cp.applied:
-                # group by landing time so two copies' items interleave correctly
-                ends = cp.end_abs[cp.applied:n]
-                cuts = np.flatnonzero(np.diff(ends)) + 1
-                for a, b in zip(np.r_[0, cuts], np.r_[cuts, ends.size]):
-                    landed.append((float(ends[a]), cp.op.index, cp, cp.applied + int(a), cp.applied + int(b)))
+                ranges.append((cp, cp.applied, n))
                 cp.applied = n
+        merge = self.MERGE_LANDED
+        if merge and len(ranges) == 1 and ranges[0][0].op.src != ranges[0][0].op.dst:
+            # NOTE: one copy's items only: in one apply (see below)
+            cp, a, b = ranges[0]
+            self.mem.apply_copy(cp.op.src, cp.op.dst, cp.c, cp.extent_slice(a, b))
+            return
+        landed = []
+        for cp, a0, n in ranges:
+            if cp.one_end is not None:
+                landed.append((cp.one_end, cp.op.index, cp, 0, 1))
+                continue
+            # group by landing time so two copies' items interleave correctly
+            ends = cp.end_abs[a0:n]
+            cuts = np.flatnonzero(np.diff(ends)) + 1
+            for a, b in zip(np.r_[0, cuts], np.r_[cuts, ends.size]):
+                landed.append((float(ends[a]), cp.op.index, cp, a0 + int(a), a0 + int(b)))
         if len(landed) > 1:
             landed.sort(key=lambda x: (x[0], x[1]))
-        for _, _, cp, a, b in landed:
+        k, n = 0, len(landed)
+        while k < n:
+            _, _, cp, a, b = landed[k]
+            k += 1
+            # NOTE: the next groups of the same copy (nothing of another copy landing between
+            # them) go in one apply: a copy's extents are applied in extent order whether in one
+            # call or several; that all of its source bytes are read first matters only when it
+            # reads the buffer it writes (then group by group, as they land)
+            if merge and cp.op.src != cp.op.dst:
+                while k < n and landed[k][2] is cp and landed[k][3] == b:
+                    b = landed[k][4]
+                    k += 1
             self.mem.apply_copy(cp.op.src, cp.op.dst, cp.c, cp.extent_slice(a, b))
 
     # ---------------------------------------------------------------- processes
@@ -717,7 +743,7 @@ class Executor:
                 if kind == "read":
                     self._capture(op)
                 else:
-                    self.mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+                    self.mem.apply_write(op)
                 yield self.env.timeout((int(lens[0]) if lens.size == 1 else int(lens.sum()))
                                        / (self.p.hbm_gbps * 1e3))
             elif kind == "copy":
@@ -906,8 +932,7 @@ def run_reference(schedule: Schedule, *, materialise: bool = True, table=None) -
             src, dst = schedule.buffers[op.src], schedule.buffers[op.dst]
             mem.apply_copy(op.src, op.dst, clipped_plan(op.plan, src.nbytes, dst.nbytes))
         elif op.op == "write":
-            offs, lens = op.extents
-            mem.write_units(op.buffer, op.layer, op.units, offs, lens, op.owner, op.version)
+            mem.apply_write(op)
         elif op.op == "read":
             offs, lens = op.extents
             views = mem.views(op.buffer, offs, lens)
