@@ -44,15 +44,18 @@ def logged_run():
     return e, e.run()
 
 
-def test_one_write_per_layer_and_pool_per_batch_store_owned_by_its_first_request(logged_run):
+def test_one_write_per_pool_per_batch_store_of_every_layer_owned_by_its_first_request(logged_run):
     e, r = logged_run
     assert r.requests_corrupted == 0 and r.requests_wrong_kv == 0 and r.oracle_entries > 0
     assert any(len(v) > 1 for v in e.stored_for.values()), "no batch of several requests: the test is void"
     writes = [op for op in e.session.finish().schedule.ops if op.op == "write"]
     per = {}
     for op in writes:
-        per.setdefault((op.version, op.buffer, op.layer), []).append(op)
+        for layer in op.layers:
+            per.setdefault((op.version, op.buffer, layer), []).append(op)
     assert all(len(v) == 1 for v in per.values())
+    # one op per pool and store: its layers in one write (CacheSession.store_kv)
+    assert len({(op.version, op.buffer) for op in writes}) == len(writes)
     # every prefill store wrote each pool at each of the run's layers, its owner the first request
     pools = {name for name, _ in e.buffers.values()}
     for store, rids in e.stored_for.items():

@@ -141,13 +141,14 @@ def test_session_write_watcher_sees_writes_and_copies():
     from sim.cache.records import InsertParams
 
     slots = s.allocator.alloc(8)
-    s.store_kv(slots, owner=1)                      # a write per layer
+    s.store_kv(slots, owner=1)                      # one write of both layers
     s.cache.insert(InsertParams(RadixKey(np.arange(8)), slots))   # write_through: a backup copy D2H
     s.wait_idle()
     lay = s.device_pool.layouts["kv_buffer"]
-    # the two layers' writes, each unit's bytes; then the backup's copy items into the host pool
-    assert seen[:2] == [("kv_buffer", lay.unit_offsets(k, slots).tolist(), [lay.unit_bytes] * 8) for k in (0, 1)]
-    copied = seen[2:]
+    # the write's two layers, each unit's bytes; then the backup's copy items into the host pool
+    assert seen[0] == ("kv_buffer", [o for k in (0, 1) for o in lay.unit_offsets(k, slots).tolist()],
+                       [lay.unit_bytes] * 16)
+    copied = seen[1:]
     assert {b for b, _, _ in copied} == {"host_kv_buffer"}
     assert sum(len(o) for _, o, _ in copied) == 16 and {n for _, _, ln in copied for n in ln} == {lay.unit_bytes}
     # a watcher of some buffers only hears of those
@@ -155,8 +156,9 @@ def test_session_write_watcher_sees_writes_and_copies():
     s.watch_writes(lambda buf, offs, lens: only.append(buf), buffers=["kv_buffer"])
     s.store_kv(slots[:2], owner=2)
     s.wait_idle()
-    assert only == ["kv_buffer", "kv_buffer"] and seen[-2:] == [("kv_buffer", lay.unit_offsets(k, slots[:2]).tolist(),
-                                                                 [lay.unit_bytes] * 2) for k in (0, 1)]
+    assert only == ["kv_buffer"] and seen[-1] == ("kv_buffer", [o for k in (0, 1)
+                                                                for o in lay.unit_offsets(k, slots[:2]).tolist()],
+                                                  [lay.unit_bytes] * 4)
 
 
 # ---------------------------------------------------------------- a random buffer history

@@ -446,11 +446,19 @@ class CacheSession:
 
     def store_kv(self, device_indices, owner: int, *, layers=None, version: int = 1, stream: str = "forward",
                  sync: bool = True, ranks=None) -> list[str]:
-        """The forward pass writes request ``owner``'s KV into ``device_indices``: one
-        ``write`` op per model layer (``layers``: default all) and device buffer of the pool
-        that layer owns a slice of, on ``stream``.  A buffer's units are the entries
-        :meth:`entries_of` gives; a buffer whose unit is a page (DSA index-K, every V4
-        buffer) gets each touched page (no op where the slots complete no entry).
+        """The forward pass writes request ``owner``'s KV into ``device_indices``: per device
+        buffer of the pool, one ``write`` op of every model layer (``layers``: default all)
+        that owns a slice of it (a ``layers`` write; one layer: a ``layer`` write), on
+        ``stream``.  A buffer's units are the entries :meth:`entries_of` gives; a buffer whose
+        unit is a page (DSA index-K, every V4 buffer) gets each touched page (no op where the
+        slots complete no entry).
+
+        NOTE: SGLang launches one store kernel per layer and pool (inside each layer's
+        attention); the bytes are those of one ``write`` per layer in layer order (nothing runs
+        between them on the stream: ``tests/test_write_layers.py``), and the launches merged
+        away are issued as one ``compute`` of that many ``kernel_launch_us`` after the writes,
+        so the stream is busy as long as with per-layer writes.  One op per buffer instead of
+        one per layer and buffer is most of a batch's ops (issue 9's speed).
 
         ``sync`` (default): the scheduler then waits for ``stream`` (a recorded
         ``host_sync``), as SGLang's scheduler waits for a batch's results
@@ -469,18 +477,27 @@ class CacheSession:
         start = dp.start_layer
         wanted = range(start, start + dp.layer_num) if layers is None else [start + int(x) for x in layers]
         ids = []
+        merged = 0
         for name, lay in dp.layouts.items():
             ent = dp.entries_of(name, idx)
             units = ent if lay.entries_per_page == 1 else np.unique(ent // lay.entries_per_page)
             if units.size == 0:
                 continue
             pool_layer = {m: k for k, m in enumerate(dp.model_layers_of(name))}
-            for layer in wanted:
-                if layer not in pool_layer:
-                    continue
-                ids.append(self.host.issue({"op": "write", "stream": stream, "buffer": name,
-                                            "layer": pool_layer[layer], "units": units.tolist(),
-                                            "owner": int(owner), "version": int(version)}, ranks=ranks))
+            pls = [pool_layer[layer] for layer in wanted if layer in pool_layer]
+            if not pls:
+                continue
+            op = {"op": "write", "stream": stream, "buffer": name, "units": units.tolist(),
+                  "owner": int(owner), "version": int(version)}
+            if len(pls) == 1:
+                op["layer"] = pls[0]
+            else:
+                op["layers"] = pls
+                merged += len(pls) - 1
+            ids.append(self.host.issue(op, ranks=ranks))
+        if merged:
+            self.host.issue({"op": "compute", "stream": stream, "jitter": False,
+                             "duration_us": merged * self.host.profile.kernel_launch_us}, ranks=ranks)
         if sync:
             for ev in self.host.sync_steps(stream=stream):
                 self._block(ev)
