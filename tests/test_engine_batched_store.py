@@ -1,4 +1,4 @@
-"""The engine stores a batch's new KV with ONE write per layer and pool (SGLang's
+"""The engine stores a batch's new KV with ONE write per pool covering its layers (SGLang's
 ``set_kv_buffer`` / the DSA and V4 pools' ``set_*`` take the whole batch's ``out_cache_loc``),
 and the KV oracle says which request's tokens each unit holds from the engine's own per-request
 bookkeeping, not from that write's single ``owner`` (the batch's first request)."""

@@ -23,7 +23,7 @@ server does it (docs/engine.md, "Decode-side HiCache in SGLang 0.5.14"):
   ``load_back_threshold``, or no device room) FAILS: SGLang aborts the request; so does the
   model (counted in ``restores_failed``; the turn ends there).
 * **the PD transfer** lands at its end: the KV of ``[decode_prefix_len, input)`` written
-  into the request's slots (one write per layer and device buffer, on the ``schedule`` stream
+  into the request's slots (one write per device buffer covering its layers, on the ``schedule`` stream
   standing for the RDMA engine, then a host sync: the decode scheduler learns of the
   transfer's end by polling, ``KVPoll.Success``).
 * **joining**: a request joins the running batch (at most ``max_running``) once its transfer
@@ -33,7 +33,7 @@ server does it (docs/engine.md, "Decode-side HiCache in SGLang 0.5.14"):
   (``process_prebuilt`` -> ``cache_unfinished_req``: page-aligned insert, write-through
   backup to the host, duplicate slots freed, the lock moved to the new last node).
 * **a decode step**: per running request the KV of its newest token (position ``context``)
-  written into its slot (one ``store_kv`` for the batch: one write per layer and buffer, as
+  written into its slot (one ``store_kv`` for the batch: one write per buffer covering its layers, as
   ``set_kv_buffer``), then ONE read per pool role covering every layer and every running
   request's entries ``0..context`` (the one-step forward of :mod:`sim.engine.forward`: nothing
   loads into these slots during a step), then one compute op of the step's duration; the
@@ -319,7 +319,7 @@ class DecodeCacheEngine(DecodeEngine):
         return self._stores
 
     def _store(self, pairs: list[tuple[DecodeReq, np.ndarray, np.ndarray]], stream: str) -> None:
-        """One store (one write per layer and buffer) of ``pairs`` = (request, slots,
+        """One store (one write per buffer, all its layers) of ``pairs`` = (request, slots,
         positions), recorded in the KV oracle per request."""
         store = self._next_store()
         slots = np.concatenate([p[1] for p in pairs])

@@ -20,8 +20,8 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    allocator's unit);
 3. ``ready_to_load_host_cache()`` once per batch: the producer slot is the batch's consumer
    index (-1 when nothing was loaded);
-4. the batch's new tokens' KV written on the forward stream (one ``store_kv`` write per layer
-   and pool for the whole batch, as ``set_kv_buffer``; no wait: the fallback
+4. the batch's new tokens' KV written on the forward stream (one ``store_kv`` write per pool
+   covering its layers, for the whole batch, as ``set_kv_buffer``; no wait: the fallback
    index-K store and ``set_kv_buffer`` never wait on a layer event and write slots no load
    touches), then the forward pass (``issue_forward``) with the scenario's gate map, options
    and cost model; the scheduler waits for the forward stream (``copy_done.synchronize()``);
@@ -807,7 +807,7 @@ class PrefillEngine:
 
     def _store_batch(self, parts: list, owner: int, store: int, layer: int | None = None, ranks=None) -> None:
         """Store a batch's new KV: the slots of every request (``parts``, in batch order) in
-        ONE write per layer (``layer``: that one only; default all) and device buffer, as
+        ONE write per device buffer covering its layers (``layer``: that one only; default all), as
         SGLang's ``set_kv_buffer`` (and the DSA / V4 pools' ``set_*``) writes a whole batch's
         ``out_cache_loc`` with one kernel per layer and pool.
 

@@ -18,7 +18,8 @@ meaning instead.  A KV entry's content is a pure function of the tokens up to it
   give for that entry.
 
 NOTE: the key is the store, not the write's ``owner``: the engine stores a whole batch's new
-KV with one write per layer and pool (SGLang's ``set_kv_buffer``), whose single ``owner`` is
+KV with one write per pool covering its layers (SGLang's ``set_kv_buffer``: one kernel per layer
+and pool), whose single ``owner`` is
 only the batch's first request; the engine's own bookkeeping (``record_store`` per request)
 says which request's tokens each unit of that write holds.  Store numbers are unique per
 engine run, so stale bytes of an earlier store never pass for a later one's.
