@@ -903,12 +903,7 @@ class ScheduleBuilder:
         self.totals.add_indices(op.units.size * (layers.size - 1), f"{w}.layers")
         op.layers = tuple(layers.tolist())
         op.layer = op.layers[0] if layers.size == 1 else None
-        # NOTE: a unit's offset in layer l is its layer-0 offset plus l times a per-layer step in
-        # every layout except the host ones that interleave layers inside a page, so each layer is
-        # placed by the layout itself
-        op.extents = (np.concatenate([offs] + [np.asarray(lay.unit_offsets(x, op.units), np.int64)
-                                               for x in op.layers[1:]]),
-                      np.tile(lens, layers.size))
+        op.extents = (lay.unit_offsets_by_layer(layers, op.units).T.reshape(-1), np.tile(lens, layers.size))
 
     _parse_write = _parse_read
 

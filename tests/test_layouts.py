@@ -205,3 +205,18 @@ def test_layout_integers_and_names_are_bounded():
     with pytest.raises(_E) as e:
         _from({"kind": "paged", "k" * 10_000: 1}, "lay")
     assert len(str(e.value)) < 600
+
+
+@pytest.mark.parametrize("make", [
+    lambda: dsa_index_k(5, 9), lambda: c4_paged(3, 4), lambda: token_rows(656, 4, 32),
+    lambda: host_mirror(dsa_index_k(5, 9), "layer_first"), lambda: host_mirror(dsa_index_k(5, 9), "page_first"),
+    lambda: host_mirror(token_rows(656, 4, 32, page_size=8), "page_first_direct")])
+def test_unit_offsets_by_layer_is_each_layers_unit_offsets(make):
+    lay = make()
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, lay.units, 7)
+    layers = rng.permutation(lay.layers)[:3]
+    got = lay.unit_offsets_by_layer(layers, idx)
+    assert got.dtype == np.int64 and got.shape == (7, 3)
+    for k, L in enumerate(layers.tolist()):
+        assert got[:, k].tolist() == np.asarray(lay.unit_offsets(L, idx)).tolist()

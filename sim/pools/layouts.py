@@ -131,6 +131,13 @@ class _EntryGeometry:
     layers: int
     fields: tuple[Field, ...]
 
+    def unit_offsets_by_layer(self, layers, idx) -> np.ndarray:
+        """``unit_offsets(layer, idx)`` for every layer of ``layers`` at once: shape
+        ``(len(idx), len(layers))``, column ``k`` that of ``layers[k]`` (every layout is affine
+        in the layer, so ``unit_offsets`` broadcasts a row of layers against a column of units)."""
+        return np.asarray(self.unit_offsets(np.asarray(layers, np.int64).reshape(1, -1),
+                                            np.asarray(idx, np.int64).reshape(-1, 1)), np.int64)
+
     @property
     def effective_fields(self) -> tuple[Field, ...]:
         """``fields``, or one field ``row`` of unit_bytes / entries when empty."""

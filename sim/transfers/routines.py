@@ -309,8 +309,8 @@ def _row_copy(src, dst, layers: np.ndarray, s: np.ndarray, d: np.ndarray,
         L = int(layers[0])
         return _extents(src.unit_offsets(L, s[keep]), dst.unit_offsets(L, d[keep]),
                         np.full(keep.size, item_bytes, dtype=np.int64), keep, n)
-    so = np.stack([src.unit_offsets(int(L), s[keep]) for L in layers], axis=1) if keep.size else np.zeros((0, nl))
-    do = np.stack([dst.unit_offsets(int(L), d[keep]) for L in layers], axis=1) if keep.size else np.zeros((0, nl))
+    so = src.unit_offsets_by_layer(layers, s[keep]) if keep.size else np.zeros((0, nl))
+    do = dst.unit_offsets_by_layer(layers, d[keep]) if keep.size else np.zeros((0, nl))
     item = np.repeat(keep, nl)
     length = np.full(item.size, item_bytes, dtype=np.int64)
     return _extents(so.ravel(), do.ravel(), length, item, n)
@@ -541,8 +541,8 @@ def _staged_all_layer_lf_pf(src, dst, args, where) -> CopyPlan:
     layers = np.arange(src.layers, dtype=np.int64)
     tok_s = (sp[:, None] + t[None, :]).reshape(-1)          # page-major, token within page
     tok_d = (dp[:, None] + t[None, :]).reshape(-1)
-    so = np.stack([src.unit_offsets(int(L), tok_s) for L in layers], axis=1) if tok_s.size else np.zeros((0, 1))
-    do = np.stack([dst.unit_offsets(int(L), tok_d) for L in layers], axis=1) if tok_d.size else np.zeros((0, 1))
+    so = src.unit_offsets_by_layer(layers, tok_s) if tok_s.size else np.zeros((0, 1))
+    do = dst.unit_offsets_by_layer(layers, tok_d) if tok_d.size else np.zeros((0, 1))
     item = np.repeat(np.arange(n_pages, dtype=np.int64), ps * layers.size)
     ln = np.full(item.size, ib, dtype=np.int64)
     so, do = so.reshape(-1), do.reshape(-1)
