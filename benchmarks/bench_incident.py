@@ -1,7 +1,7 @@
 """CPU seconds of the streaming engine on the ``incident`` scenario (issue 9's speed target).
 
     PYTHONPATH=<tree> python benchmarks/bench_incident.py [DURATION_S] [--repeat N] [--set key=value]...
-        [--eager-views]
+        [--eager-views] [--signature PATH]
 
 Runs ``incident`` with ``run.duration_s=DURATION_S`` (default 5) through ``PrefillEngine``
 (``keep="report"``) ``N`` times (default 1) in this process and prints, per run, the CPU seconds
@@ -11,10 +11,13 @@ before and after a speed change), then the best of the runs.  ``PYTHONPATH`` pic
 whose ``sim`` is measured (a script's own folder, not the cwd, is first on ``sys.path``), so
 two trees are compared by alternating this command between them.  ``--eager-views`` slices every
 read's views at its capture (``Executor.LAZY_VIEWS = False``: what lazy views save, in one tree).
+``--signature PATH`` writes the last run's ``EngineResult.signature()`` (every field but the wall
+time) as JSON, to compare two trees' results.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import time
 
@@ -25,6 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--eager-views", action="store_true")
+    ap.add_argument("--signature", default=None)
     a = ap.parse_args(argv)
     import sim
     from sim.executor import Executor
@@ -47,6 +51,9 @@ def main(argv=None) -> int:
               f"{r.requests_corrupted}  reads {r.reads_total}  stale {r.stale_reads}  torn {r.torn_reads}  "
               f"maxrss {rss:.0f} MiB")
     print(f"best cpu {best:.2f} s of {a.repeat}")
+    if a.signature:
+        with open(a.signature, "w") as f:
+            json.dump(r.signature(), f, sort_keys=True, default=str)
     return 0
 
 
