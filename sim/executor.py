@@ -59,7 +59,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator
+from typing import Any, Callable, Generator, Sequence
 
 import numpy as np
 import simpy
@@ -68,6 +68,7 @@ from sim.errors import InputError
 from sim.hb import RACE_LIMIT
 from sim.memory import Clipped, Memory, clip_and_leaves, clipped_plan, oob_origin
 from sim.profile import Profile
+from sim.read_views import LazyViews
 from sim.schedule import Schedule, ScheduleBuilder, fewer_full_collections
 from sim.transfers.routines import check_bounds
 from sim.transfers.timing import bytes_done, item_times
@@ -109,7 +110,8 @@ class ReadCapture:
     time_us: float
     offsets: np.ndarray
     lengths: np.ndarray
-    views: list           # one memory.View per extent
+    # one memory.View per extent: a list, or a LazyViews (a sequence sliced on first use)
+    views: Sequence
     in_flight: list = field(default_factory=list)   # [{"copy", "items_done", "items_in_flight", "items"}]
 
     @property
@@ -378,6 +380,10 @@ class Executor:
     #: landed items of one copy applied in one call where nothing lands between them (see
     #: _advance); False: one call per landing time (tests/test_speed_landing.py runs both)
     MERGE_LANDED = True
+    #: ``keep="report"`` with a compact-only memory: a read with no torn copy overlay gets its
+    #: views sliced on first use (``sim.read_views.LazyViews``); False slices every read's at
+    #: its capture (the same views: tests/test_speed_lazy_views.py runs both)
+    LAZY_VIEWS = True
 
     def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
                  seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True,
@@ -802,10 +808,7 @@ class Executor:
     def _capture(self, op):
         t = self.env.now
         offs, lens = op.extents
-        # one per extent; NOTE: Memory.views pays from a few extents on, one is sliced alone
-        views = ([self.mem.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
-                 else self.mem.views(op.buffer, offs, lens))
-        in_flight = []
+        in_flight, torn = [], []
         for cp in self.active:
             if cp.op.dst != op.buffer:
                 continue
@@ -817,8 +820,18 @@ class Executor:
             info = {"copy": cp.op.id, "items": n_items, "items_done": n_done,
                     "items_in_flight": max(0, started - n_done)}
             in_flight.append((cp.op.index, info))
-            if not self.torn or started <= n_done:
-                continue
+            if self.torn and started > n_done:
+                torn.append((cp, n_done, started))
+        if self.LAZY_VIEWS and self.online is not None and self.mem.material is None and not torn:
+            # NOTE: a streamed run hands the capture to its verdicts and forgets it; a fresh read
+            # is judged without its views (OnlineVerdicts.captured, the engine's KV oracle), so
+            # they are sliced only if something looks at them, from a snapshot of this instant
+            views = LazyViews(self.mem.compact[op.buffer].clone(), offs, lens)
+        else:
+            # one per extent; NOTE: Memory.views pays from a few extents on, one is sliced alone
+            views = ([self.mem.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
+                     else self.mem.views(op.buffer, offs, lens))
+        for cp, n_done, started in torn:
             sl = cp.extent_slice(n_done, started)
             done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
             self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)

@@ -46,13 +46,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
+
+import numpy as np
 
 from sim.engine.models import ModelDims
 from sim.errors import InputError, require
 from sim.profile import Profile
 
-__all__ = ["CostModel", "CostParams", "OpCost", "keyed_normal", "step_cost"]
+__all__ = ["CostModel", "CostParams", "OpCost", "keyed_normal", "keyed_normals", "mix64_array", "step_cost"]
 
 _MASK = (1 << 64) - 1
 
@@ -65,15 +67,56 @@ def _mix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
-def keyed_normal(seed: int, key: Iterable[int]) -> float:
-    """A standard normal that is a pure function of ``(seed, key)`` (hash, then Box-Muller)."""
+_GOLDEN, _M1, _M2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def mix64_array(z: np.ndarray) -> np.ndarray:
+    """:func:`_mix64` of every element of a uint64 array (numpy's uint64 arithmetic wraps
+    modulo 2**64, as the masks do): the same numbers."""
+    with np.errstate(over="ignore"):
+        z = z + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * _M1
+        z = (z ^ (z >> np.uint64(27))) * _M2
+        return z ^ (z >> np.uint64(31))
+
+
+def _key_hash(seed: int, key: Iterable[int]) -> int:
     h = _mix64(int(seed) & _MASK)
     for k in key:
         h = _mix64(h ^ (int(k) & _MASK))
-    a, b = _mix64(h ^ 1), _mix64(h ^ 2)
+    return h
+
+
+def _box_muller(a: int, b: int) -> float:
+    """The standard normal of two 64-bit words (their top 53 bits as uniforms)."""
     u1 = ((a >> 11) + 1) / float(1 << 53)          # (0, 1]
     u2 = (b >> 11) / float(1 << 53)
     return math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+
+
+def keyed_normal(seed: int, key: Iterable[int]) -> float:
+    """A standard normal that is a pure function of ``(seed, key)`` (hash, then Box-Muller)."""
+    h = _key_hash(seed, key)
+    return _box_muller(_mix64(h ^ 1), _mix64(h ^ 2))
+
+
+def keyed_normals(seed: int, prefix: Iterable[int], suffixes) -> list[float]:
+    """``[keyed_normal(seed, (*prefix, *row)) for row in suffixes]``, the same floats bit for
+    bit: ``prefix`` is hashed once and the rows (``suffixes``: an ``(n, m)`` array-like of
+    int64 values, e.g. a forward's ``(layer, step)`` pairs) are mixed in together as uint64
+    arrays (the same 64-bit arithmetic; an int64 value's bits are ``value & (2**64 - 1)``);
+    the Box-Muller step stays per key in Python floats (``math``, as :func:`keyed_normal`:
+    numpy's ``log``/``cos`` may round differently)."""
+    rows = np.asarray(suffixes, np.int64)
+    if rows.size == 0:
+        return [keyed_normal(seed, prefix)] * len(rows)
+    if rows.ndim != 2:
+        raise InputError("suffixes", f"expected rows of key words (a 2-D array), got shape {rows.shape}")
+    h = np.full(rows.shape[0], _key_hash(seed, prefix), np.uint64)
+    for j in range(rows.shape[1]):
+        h = mix64_array(h ^ rows[:, j].astype(np.uint64))
+    a, b = mix64_array(h ^ np.uint64(1)).tolist(), mix64_array(h ^ np.uint64(2)).tolist()
+    return [_box_muller(x, y) for x, y in zip(a, b)]
 
 
 @dataclass(frozen=True)
@@ -146,6 +189,15 @@ class CostModel:
         if self.params.jitter_frac > 0:
             d *= max(0.0, 1.0 + self.params.jitter_frac * keyed_normal(self.seed, key))
         return d
+
+    def durations_us(self, nominal: Sequence[float], prefix: Iterable[int], suffixes) -> list[float]:
+        """``[self.duration_us(c, (*prefix, *row)) ...]`` for ops whose ``nominal_us(c)`` are
+        ``nominal``, one per row of ``suffixes``: the same floats, the jitter of every key
+        drawn together (:func:`keyed_normals`)."""
+        j = self.params.jitter_frac
+        if not j > 0:
+            return list(nominal)
+        return [d * max(0.0, 1.0 + j * z) for d, z in zip(nominal, keyed_normals(self.seed, prefix, suffixes))]
 
 
 def step_cost(kind: str, dims: ModelDims, layer_kind: str, requests, kv_bytes: int, tp: int = 1,

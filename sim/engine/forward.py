@@ -44,7 +44,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from sim.engine.cost import CostModel, step_cost
+from sim.engine.cost import CostModel, mix64_array, step_cost
 from sim.engine.gates import READERS, GateMap
 from sim.engine.models import ModelFamily, resolve_options
 from sim.errors import InputError, require, show
@@ -199,22 +199,42 @@ def _entries(batch: ForwardBatch, role: str) -> dict[int, np.ndarray]:
 
 
 def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
-    """Per layer: [(step, gated, [(role, pool_layer, starts, lengths, entries)], compute_us)], ffn_us."""
+    """Per layer: [(step, gated, [(role, pool_layer, starts, lengths, entries)], compute_us)], ffn_us.
+
+    The durations are ``cost.duration_us(step_cost(...), (*key, layer, step))`` of each layer's
+    steps (the ffn's step ``1 << 20``), the same floats: a step's cost depends on its layer
+    only through the layer's kind (its steps, their KV bytes and ratio), so each (compute,
+    layer kind, KV bytes, ratio) is costed once per batch, and the keyed jitter of every op is
+    drawn together (``CostModel.durations_us``).  ``tests/test_speed_forward_plan.py``
+    compares them with the per-layer calls on random batches."""
     plan = []
     entries = {role: _entries(batch, role) for role in buffers}
     # NOTE: a device layout is layer-major, so the extents of one set of entries in pool layer k
     # are those of pool layer 0 shifted by k * layer_bytes: computed once per role
     base: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    kv_bytes: dict[str, int] = {}
     for role, ent in entries.items():
         if ent:
             allent = np.unique(np.concatenate(list(ent.values())))
             base[role] = read_ranges(buffers[role][1], 0, allent)
+            kv_bytes[role] = int(base[role][1].sum())
+    steps_of: dict[str, tuple] = {}       # layer kind -> its steps (layer_steps)
+    gated_of: dict[str, bool] = {}        # step reader -> whether any of its accessors is gated
+    nominal: dict[tuple, float] = {}      # (compute, layer kind, KV bytes, ratio) -> nominal_us
+    noms, rows = [], []                   # every compute op's nominal_us and (layer, step) key
     for layer in range(model.n_layers):
+        lk = model.layer_kinds[layer]
+        layer_steps = steps_of.get(lk)
+        if layer_steps is None:
+            layer_steps = steps_of[lk] = model.layer_steps(layer, batch.mode, options)
         steps = []
-        for si, step in enumerate(model.layer_steps(layer, batch.mode, options)):
-            gated = False
-            for acc in READERS[step.reader]:
-                gated = gate_map.is_gated(acc) or gated       # every accessor must be known to the map
+        for si, step in enumerate(layer_steps):
+            gated = gated_of.get(step.reader)
+            if gated is None:
+                gated = False
+                for acc in READERS[step.reader]:
+                    gated = gate_map.is_gated(acc) or gated       # every accessor must be known to the map
+                gated_of[step.reader] = gated
             reads = []
             kv = 0
             for role in step.roles:
@@ -224,19 +244,32 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
                 starts0, lens = base[role]
                 starts = starts0 + np.int64(pl) * np.int64(buffers[role][1].layer_bytes)
                 reads.append((role, pl, starts, lens, entries[role]))
-                kv += int(lens.sum())
-            us = 0.0
+                kv += kv_bytes[role]
             if step.compute:
                 ratio = max((pools[r].tokens_per_entry for r in step.roles if r in pools), default=1)
                 if step.compute == "indexer":
                     ratio = pools["index_k"].tokens_per_entry
-                c = step_cost(step.compute, model.dims, model.layer_kinds[layer], batch.requests, kv, tp, ratio)
-                us = cost.duration_us(c, (*key, layer, si))
-            steps.append((step, gated, reads, us))
-        ffn = cost.duration_us(step_cost("ffn", model.dims, model.layer_kinds[layer], batch.requests, 0, tp),
-                               (*key, layer, 1 << 20))
-        plan.append((steps, ffn))
-    return plan
+                ck = (step.compute, lk, kv, ratio)
+                nom = nominal.get(ck)
+                if nom is None:
+                    nom = nominal[ck] = cost.nominal_us(step_cost(step.compute, model.dims, lk, batch.requests, kv,
+                                                                  tp, ratio))
+                noms.append(nom)
+                rows.append((layer, si))
+            steps.append((step, gated, reads, step.compute))
+        ck = ("ffn", lk, 0, 1)
+        nom = nominal.get(ck)
+        if nom is None:
+            nom = nominal[ck] = cost.nominal_us(step_cost("ffn", model.dims, lk, batch.requests, 0, tp))
+        noms.append(nom)
+        rows.append((layer, 1 << 20))
+        plan.append(steps)
+    durations = iter(cost.durations_us(noms, key, rows))
+    out = []
+    for steps in plan:
+        steps = [(step, gated, reads, next(durations) if compute else 0.0) for step, gated, reads, compute in steps]
+        out.append((steps, next(durations)))
+    return out
 
 
 def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily, gate_map: GateMap,
@@ -364,16 +397,6 @@ def entry_bytes(read_bytes: np.ndarray, info: ReadInfo, layout: PagedLayout, ent
     return np.concatenate(parts, axis=1) if parts else np.zeros((len(entries), 0), np.uint8)
 
 
-_M1, _M2, _GOLD = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB), np.uint64(0x9E3779B97F4A7C15)
-
-
-def _mix(z: np.ndarray) -> np.ndarray:
-    z = z + _GOLD
-    z = (z ^ (z >> np.uint64(30))) * _M1
-    z = (z ^ (z >> np.uint64(27))) * _M2
-    return z ^ (z >> np.uint64(31))
-
-
 def stand_in_scores(keys: np.ndarray, query_seed: int = 0) -> np.ndarray:
     """A stand-in for the indexer's score of each entry (row of ``keys``, uint8).
 
@@ -390,8 +413,8 @@ def stand_in_scores(keys: np.ndarray, query_seed: int = 0) -> np.ndarray:
         k = np.concatenate([k, np.zeros((n, pad), np.uint8)], axis=1)
     words = np.ascontiguousarray(k).view("<u8")
     with np.errstate(over="ignore"):
-        q = _mix(np.arange(words.shape[1], dtype=np.uint64) + np.uint64(int(query_seed) & ((1 << 64) - 1)))
-        mixed = _mix(words ^ q[None, :])
+        q = mix64_array(np.arange(words.shape[1], dtype=np.uint64) + np.uint64(int(query_seed) & ((1 << 64) - 1)))
+        mixed = mix64_array(words ^ q[None, :])
     return ((mixed >> np.uint64(11)).astype(np.float64) / float(1 << 53)).mean(axis=1) if words.shape[1] \
         else np.zeros(n)
 

@@ -472,9 +472,12 @@ class KVOracle:
                     & (src0 % ub == 0)
                 trip = np.stack([og_version[o1], src0 // ub, pkey[a]], axis=1)[ok]
                 if trip.size:
-                    uniq, inv = np.unique(trip, axis=0, return_inverse=True)
-                    good = np.array([self.content.get((kind, x, y)) == z for x, y, z in uniq.tolist()], bool)
-                    ok[np.flatnonzero(ok)] = good[inv.ravel()]
+                    # NOTE: one dict lookup per pair: pairs rarely repeat a (store, unit, key)
+                    # triple (each pool layer has its own units), and np.unique over rows
+                    # (axis=0) cost several times the lookups it saved
+                    content = self.content
+                    ok[np.flatnonzero(ok)] = np.array([content.get((kind, x, y)) == z
+                                                       for x, y, z in trip.tolist()], bool)
                 right[a] = ok
                 wrong = a[~ok]
                 if wrong.size:

@@ -1,0 +1,181 @@
+"""Lazy read views (``Executor.LAZY_VIEWS``, ``sim.read_views.LazyViews``): a streamed run
+(``keep="report"``, compact-only memory) captures a read's views as a snapshot of its buffer
+sliced on first use.  Built whenever (here: after the run, when the buffers have changed since
+every read), they are the views the eager path slices at the capture instant, on random
+schedules and host programs; the verdicts are the same; a read with a torn copy overlay and a
+materialised memory keep eager views; a fresh read's views are not built by the verdicts."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.bytes.compact import CompactBuffer, OriginTable
+from sim.bytes.pattern import Origin
+from sim.engine import PrefillEngine
+from sim.engine.scenario import load_scenario
+from sim.executor import Executor, _static_program, run_reference
+from sim.read_views import LazyViews
+from sim.schedule import validate
+from sim.testing import kv_schedules, load_forward_programs
+from sim.verdicts import analyse
+from tests.helpers import profile
+from tests.strategies import rich_schedules, schedules
+
+P = profile(jitter_frac=0.1)
+SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _describe(views) -> list:
+    """Each view's offset, provenance digest and bytes' digest."""
+    return [(v.offset, v.compact.nbytes, v.compact.provenance_digest(),
+             hashlib.sha256(v.bytes().tobytes()).hexdigest()) for v in views]
+
+
+def _sha(rep: dict) -> str:
+    return hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _static(s, seed: int, torn: bool, materialise: bool = False, describe: bool = True):
+    """The schedule streamed with a read sink that keeps every capture, looked at only after
+    the run: (report digest, [(entry, capture's views, expected views)], captures);
+    ``describe=False``: the entries only, no view looked at."""
+    by_host: dict = {h: [] for h in s.hosts}
+    for op in s.ops:
+        by_host[op.host].append(op)
+    ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops, seed=seed, torn=torn,
+                  materialise=materialise)
+    seen = []
+    ex.online.on_read(lambda cap, views, entry: seen.append((cap, views, entry)), digests=False)
+    several = sum(1 for ops in by_host.values() if ops) > 1
+    run = ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, s)
+    caps = [cap for cap, _, _ in seen]
+    if not describe:
+        return None, [entry for _, _, entry in seen], caps
+    return (_sha(analyse(run)), [(entry, _describe(cap.views), _describe(views)) for cap, views, entry in seen],
+            caps)
+
+
+def _both(fn, *args):
+    """``fn(*args)`` with lazy views, then with every read's views sliced at its capture."""
+    lazy = fn(*args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Executor, "LAZY_VIEWS", False)
+        eager = fn(*args)
+    return lazy, eager
+
+
+@SETTINGS
+@given(st.one_of(rich_schedules(max_ops=16), schedules(max_ops=16), kv_schedules(max_ops=16)),
+       st.integers(0, 3), st.booleans())
+def test_lazy_views_equal_the_views_sliced_at_capture_on_random_schedules(doc, seed, torn):
+    s = validate(doc)
+    (lazy_sha, lazy_seen, lazy_caps), (eager_sha, eager_seen, eager_caps) = _both(_static, s, seed, torn)
+    assert lazy_sha == eager_sha and lazy_seen == eager_seen
+    assert not any(isinstance(c.views, LazyViews) for c in eager_caps)
+    for c in lazy_caps:
+        torn_overlay = torn and any(f["items_in_flight"] for f in c.in_flight)
+        assert isinstance(c.views, LazyViews) != torn_overlay
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(load_forward_programs(gate_maps=["upstream-0.5.10", "upstream-0.5.11"], max_layers=2, max_requests=2),
+       st.integers(0, 3))
+def test_lazy_views_give_the_same_verdicts_on_host_programs(lf, seed):
+    def report(lf, seed):
+        return _sha(analyse(lf.run(P, keep="report", materialise=False, seed=seed)))
+    lazy, eager = _both(report, lf, seed)
+    assert lazy == eager
+
+
+# ---- built schedules
+
+def _doc(ops: list, units: int = 4) -> dict:
+    host = {"kind": "host", "layout": "layer_first", "layers": 1, "units": units, "unit_bytes": 64}
+    dev = {"kind": "paged", "layers": 1, "pages": units, "page_bytes": 64}
+    return {"kvrace_schedule": 2, "name": "lazy", "events": ["e"],
+            "buffers": [{"name": "h", "location": "host", "kind": "kv", "layout": host},
+                        {"name": "g", "location": "device", "device": 0, "kind": "kv", "layout": dev}],
+            "streams": [{"name": "a", "device": 0}, {"name": "b", "device": 0}],
+            "ops": ops}
+
+
+COPY = {"id": "c", "op": "copy", "stream": "a", "routine": "kernel_per_layer", "src": "h", "dst": "g",
+        "args": {"layer": 0, "src_indices": [1, 3], "dst_indices": [2, 0]}}
+READ = {"id": "r", "op": "read", "stream": "a", "buffer": "g", "layer": 0, "units": [0, 1, 2]}
+OVERWRITE = {"id": "w", "op": "write", "stream": "a", "buffer": "g", "layer": 0, "units": [0, 2], "owner": 9}
+
+
+def test_a_fresh_read_keeps_its_views_unbuilt_and_they_show_the_capture_instant():
+    """A fresh read's views are not built by the verdicts; built after a later write of the
+    same bytes, they hold what the read saw (the happens-before order's read)."""
+    s = validate(_doc([COPY, READ, OVERWRITE]))
+    _, [entry], [cap] = _static(s, 0, True, describe=False)
+    assert entry["status"] == "ok"
+    [ref] = run_reference(s, materialise=False).reads
+    views = cap.views
+    assert isinstance(views, LazyViews) and not views.built and len(views) == len(ref.views)
+    assert not views.built                      # len() does not build
+    assert _describe(views) == _describe(ref.views) and views.built
+    assert views[0] is list(views)[0] and views[-1].offset == ref.views[-1].offset
+    assert np.array_equal(cap.bytes(), ref.bytes())
+
+
+def test_a_materialised_memory_keeps_eager_views():
+    s = validate(_doc([COPY, READ, OVERWRITE]))
+    _, _, [cap] = _static(s, 0, True, materialise=True)
+    assert isinstance(cap.views, list) and cap.views[0].material is not None
+
+
+def test_a_read_with_a_torn_copy_overlay_keeps_eager_views():
+    """A read on another stream while a copy of many items into its bytes is part-way: the
+    overlay of the items in flight is applied to eager views, the same either way."""
+    units = 64
+    copy = {"id": "c", "op": "copy", "stream": "b", "routine": "kernel_per_layer", "src": "h", "dst": "g",
+            "args": {"layer": 0, "src_indices": list(range(units)), "dst_indices": list(range(units))[::-1]}}
+    found = False
+    for delay in (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0):
+        ops = [copy, {"id": "d", "op": "compute", "stream": "a", "duration_us": delay},
+               {"id": "r", "op": "read", "stream": "a", "buffer": "g", "layer": 0, "units": list(range(units))}]
+        s = validate(_doc(ops, units))
+        (lazy_sha, lazy_seen, [cap]), (eager_sha, eager_seen, _) = _both(_static, s, 0, True)
+        assert lazy_sha == eager_sha and lazy_seen == eager_seen
+        if any(f["items_in_flight"] for f in cap.in_flight):
+            assert isinstance(cap.views, list) and lazy_seen[0][0]["status"] in ("stale", "torn")
+            found = True
+    assert found, "no delay put the read inside an item in flight"
+
+
+def test_lazy_views_of_a_snapshot_equal_the_buffers_slices_then():
+    """``LazyViews`` of a clone, built after writes to the original, equal the original's
+    slices taken before those writes (``CompactBuffer.clone`` shares no state a write changes)."""
+    table = OriginTable()
+    buf = CompactBuffer(4096, table, Origin("kv", 0, -1, 0, 64))
+    rng = np.random.default_rng(3)
+    for k in range(20):
+        o = int(rng.integers(0, 4000))
+        buf.fill(np.array([o]), np.array([int(rng.integers(1, 4096 - o))]), Origin("kv", 0, k, 1, 64),
+                 np.array([int(rng.integers(0, 64))]))
+    offs, lens = np.array([0, 100, 1000, 3000, 4095]), np.array([50, 300, 7, 1000, 1])
+    then = [(int(o), buf.slice(int(o), int(n)).provenance_digest()) for o, n in zip(offs, lens)]
+    lazy = LazyViews(buf.clone(), offs, lens)
+    for k in range(20):
+        buf.fill(np.array([k * 200]), np.array([150]), Origin("kv", 0, 100 + k, 2, 64), np.array([0]))
+    assert [(v.offset, v.compact.provenance_digest()) for v in lazy] == then
+    assert [(int(o), buf.slice(int(o), int(n)).provenance_digest()) for o, n in zip(offs, lens)] != then
+
+
+def test_the_engine_gives_the_same_result_with_lazy_views():
+    """Stale index-K reads and load-backs (glm5-22811-small, gate map 0.5.10): the same
+    ``EngineResult`` but the wall time with lazy and with eager views."""
+    sc = load_scenario("glm5-22811-small", ["run.layers=2", "variant.gate_map=upstream-0.5.10"])
+    lazy = PrefillEngine(sc, 0, keep="report").run().signature()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Executor, "LAZY_VIEWS", False)
+        eager = PrefillEngine(sc, 0, keep="report").run().signature()
+    assert lazy["requests_corrupted"] > 0 and lazy["load_backs"] > 0
+    assert lazy == eager
