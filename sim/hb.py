@@ -827,6 +827,7 @@ class _LiveBuffer:
         self.rows: list[tuple] = []
         self.buckets: dict[int, list[int]] = {}
         self.wide: list[int] = []
+        self._indexed = 0                   # rows[:_indexed] are in buckets / wide (see _index_rows)
         self.writes = 0                     # rows that are writes (none: a read cannot race here)
         # columns (start, end, op, comp, pos, write) of rows[:len(start)]; rows appended since
         # are in _pending as (starts, ends, op, comp, pos, write) chunks until columns() is asked
@@ -885,32 +886,36 @@ class _LiveBuffer:
     def append(self, s: list, e: list, op: int, comp: int, pos: int, write: bool,
                s_arr: np.ndarray | None = None, e_arr: np.ndarray | None = None) -> None:
         """Rows for the merged intervals ``[s, e)`` (lists; ``s_arr``/``e_arr``: the same
-        as int64 arrays, when the caller has them) of one access."""
+        as int64 arrays, when the caller has them) of one access.
+
+        NOTE: the rows are put in the buckets only when a query first needs the buckets
+        (:meth:`_index_rows`): most rows of a wide access (a forward's reads and KV stores,
+        hundreds of intervals each) are pruned before any bucket query looks at them, and the
+        buckets hold the same lists whenever they are indexed (rows go in in row order)."""
         rows = self.rows
         if len(s) == 1:
-            # one interval in one bucket (most accesses): _index inlined
-            s0, e0 = s[0], e[0]
-            sh = self.BUCKET_SHIFT
-            b0 = s0 >> sh
-            if (e0 - 1) >> sh == b0:
-                lst = self.buckets.get(b0)
-                if lst is None:
-                    self.buckets[b0] = [len(rows)]
-                else:
-                    lst.append(len(rows))
-            else:
-                self._index(len(rows), s0, e0)
-            rows.append((s0, e0, op, comp, pos, write))
-        elif len(s) >= self.INDEX_MANY and s_arr is not None:
-            self._index_many(len(rows), s_arr, e_arr)
-            rows.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
+            rows.append((s[0], e[0], op, comp, pos, write))
         else:
-            for s0, e0 in zip(s, e):
-                self._index(len(rows), s0, e0)
-                rows.append((s0, e0, op, comp, pos, write))
+            rows.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
         self._pending.append((s if s_arr is None else s_arr, e if e_arr is None else e_arr, op, comp, pos, write))
         if write:
             self.writes += len(s)
+
+    def _index_rows(self) -> None:
+        """Put the rows appended since the last call in the buckets (or ``wide``), in row
+        order: what indexing each as it was appended gives."""
+        rows, r0 = self.rows, self._indexed
+        n = len(rows) - r0
+        if n <= 0:
+            return
+        if n >= self.INDEX_MANY:
+            S, E = self.columns()[:2]
+            self._index_many(r0, S[r0:], E[r0:])
+        else:
+            for r in range(r0, len(rows)):
+                row = rows[r]
+                self._index(r, row[0], row[1])
+        self._indexed = len(rows)
 
     def columns(self) -> tuple:
         """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order."""
@@ -945,7 +950,10 @@ class _LiveBuffer:
         """The live rows that overlap the merged intervals ``[s, e)`` (lists), in row order."""
         rows = self.rows
         sh = self.BUCKET_SHIFT
-        if len(s) == 1 and not self.wide and (e[0] - 1) >> sh == s[0] >> sh:
+        one = len(s) == 1 and (e[0] - 1) >> sh == s[0] >> sh
+        if one and self._indexed < len(rows):
+            self._index_rows()
+        if one and not self.wide:
             # one interval in one bucket: the bucket's rows, in row order (a row is listed once
             # per bucket, in the order rows were appended)
             lo, hi = s[0], e[0]
@@ -963,7 +971,10 @@ class _LiveBuffer:
         The same ops as filtering ``overlapping(s, e)``."""
         rows = self.rows
         sh = self.BUCKET_SHIFT
-        if len(s) == 1 and not self.wide and (e[0] - 1) >> sh == s[0] >> sh:
+        one = len(s) == 1 and (e[0] - 1) >> sh == s[0] >> sh
+        if one and self._indexed < len(rows):
+            self._index_rows()
+        if one and not self.wide:
             lo, hi = s[0], e[0]
             cand = [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ()))
                     if row[0] < hi and row[1] > lo]
@@ -992,6 +1003,7 @@ class _LiveBuffer:
         sh = self.BUCKET_SHIFT
         if ((e[-1] - 1) >> sh) - (s[0] >> sh) < 4 * self.MAX_BUCKETS \
                 or self._touched_buckets(s, e, None, None) <= 4 * self.MAX_BUCKETS:
+            self._index_rows()
             cand = set(self.wide)
             buckets = self.buckets
             for si, ei in zip(s, e):
@@ -1035,10 +1047,8 @@ class _LiveBuffer:
             if len(kept) == len(self.rows):
                 return
             self._cols, self._pending = _columns_of(kept), []
-        self.rows, self.buckets, self.wide = kept, {}, []
+        self.rows, self.buckets, self.wide, self._indexed = kept, {}, [], 0
         self.writes = sum(1 for row in kept if row[5])
-        for r, row in enumerate(kept):
-            self._index(r, row[0], row[1])
 
 
 def _columns_of(rows: list) -> tuple:
