@@ -85,3 +85,24 @@ def track_races(s, limit):
         tracker.add(op.index, comp, pos, clock, by_op.get(op.index, []))
     return tracker
 
+
+
+def doc_sha(doc) -> str:
+    """sha256 of a JSON-able document (a report, a snapshot), keys sorted: equal documents,
+    equal digests."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def both_ways(cls, switch: str, fn, *args):
+    """``(fn(*args), fn(*args) with cls.<switch> set False)``: a fast path (its switch on, as
+    shipped) and the path it replaces, for tests that compare the two."""
+    import pytest
+
+    on = fn(*args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(cls, switch, False)
+        off = fn(*args)
+    return on, off

@@ -5,8 +5,6 @@ expected views made when it is taken and compared) on random schedules and host 
 on schedules built so that each condition is what makes a read stale."""
 from __future__ import annotations
 
-import hashlib
-import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,7 +14,7 @@ from sim.executor import Executor, _static_program
 from sim.schedule import validate
 from sim.testing import kv_schedules, load_forward_programs
 from sim.verdicts import OnlineVerdicts, analyse, read_digest
-from tests.helpers import profile
+from tests.helpers import both_ways, doc_sha, profile
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
@@ -34,20 +32,11 @@ def _static(s, seed: int, torn: bool = True):
         (entry, [(v.offset, v.compact.provenance_digest()) for v in views])))
     several = sum(1 for ops in by_host.values() if ops) > 1
     run = ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, s)
-    return _sha(analyse(run)), seen
-
-
-def _sha(rep: dict) -> str:
-    return hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest()
+    return doc_sha(analyse(run)), seen
 
 
 def _both(fn, *args):
-    """``fn(*args)`` with the fast verdicts, then with the full comparison."""
-    fast = fn(*args)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(OnlineVerdicts, "FAST_READS", False)
-        full = fn(*args)
-    return fast, full
+    return both_ways(OnlineVerdicts, "FAST_READS", fn, *args)
 
 
 @SETTINGS
@@ -61,7 +50,7 @@ def test_fresh_verdicts_equal_the_full_comparison_on_random_schedules(doc, seed,
 
 def _program(lf, seed: int):
     run = lf.run(P, keep="report", materialise=False, seed=seed)
-    return _sha(analyse(run))
+    return doc_sha(analyse(run))
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])

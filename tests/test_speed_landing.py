@@ -5,10 +5,7 @@ random schedules and host programs, and on a copy that reads the buffer it write
 items must still land one by one: each reads what the one before it wrote)."""
 from __future__ import annotations
 
-import hashlib
-import json
 
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +14,7 @@ from sim.schedule import validate
 from sim.snapshot import snapshot_of
 from sim.testing import load_forward_programs
 from sim.verdicts import analyse
-from tests.helpers import profile, schedule_doc
+from tests.helpers import both_ways, doc_sha, profile, schedule_doc
 from tests.strategies import rich_schedules, schedules
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -26,23 +23,16 @@ SERIAL = profile(sm_count=1, resident_warps_per_sm=1, warp_gbps=1.0)
 PROFILES = [profile(jitter_frac=0.1), SERIAL]
 
 
-def _sha(doc) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
-
 
 def _static(s, p, seed):
     run = run_schedule(s, p, seed=seed)
     reads = [(r.op_id, [(v.offset, v.compact.provenance_digest()) for v in r.views]) for r in run.reads]
     online = run_schedule(s, p, seed=seed, keep="report")
-    return snapshot_of(run).to_json(), reads, _sha(analyse(run)), _sha(online.online.report(online))
+    return snapshot_of(run).to_json(), reads, doc_sha(analyse(run)), doc_sha(online.online.report(online))
 
 
 def _both(fn, *args):
-    merged = fn(*args)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Executor, "MERGE_LANDED", False)
-        per_time = fn(*args)
-    return merged, per_time
+    return both_ways(Executor, "MERGE_LANDED", fn, *args)
 
 
 @SETTINGS
@@ -57,7 +47,7 @@ def test_landed_items_merged_equal_one_apply_per_landing_time(doc, p, seed):
 def test_host_programs_give_the_same_run_merged(lf, p, seed):
     def go():
         run = lf.run(p, keep="all", seed=seed)
-        return snapshot_of(run).to_json(), _sha(analyse(run))
+        return snapshot_of(run).to_json(), doc_sha(analyse(run))
     merged, per_time = _both(go)
     assert merged == per_time
 

@@ -7,7 +7,6 @@ materialised memory keep eager views; a fresh read's views are not built by the 
 from __future__ import annotations
 
 import hashlib
-import json
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from sim.read_views import LazyViews
 from sim.schedule import validate
 from sim.testing import kv_schedules, load_forward_programs
 from sim.verdicts import analyse
-from tests.helpers import profile
+from tests.helpers import both_ways, doc_sha, profile
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
@@ -35,9 +34,6 @@ def _describe(views) -> list:
     return [(v.offset, v.compact.nbytes, v.compact.provenance_digest(),
              hashlib.sha256(v.bytes().tobytes()).hexdigest()) for v in views]
 
-
-def _sha(rep: dict) -> str:
-    return hashlib.sha256(json.dumps(rep, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _static(s, seed: int, torn: bool, materialise: bool = False, describe: bool = True):
@@ -56,17 +52,12 @@ def _static(s, seed: int, torn: bool, materialise: bool = False, describe: bool 
     caps = [cap for cap, _, _ in seen]
     if not describe:
         return None, [entry for _, _, entry in seen], caps
-    return (_sha(analyse(run)), [(entry, _describe(cap.views), _describe(views)) for cap, views, entry in seen],
+    return (doc_sha(analyse(run)), [(entry, _describe(cap.views), _describe(views)) for cap, views, entry in seen],
             caps)
 
 
 def _both(fn, *args):
-    """``fn(*args)`` with lazy views, then with every read's views sliced at its capture."""
-    lazy = fn(*args)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Executor, "LAZY_VIEWS", False)
-        eager = fn(*args)
-    return lazy, eager
+    return both_ways(Executor, "LAZY_VIEWS", fn, *args)
 
 
 @SETTINGS
@@ -87,7 +78,7 @@ def test_lazy_views_equal_the_views_sliced_at_capture_on_random_schedules(doc, s
        st.integers(0, 3))
 def test_lazy_views_give_the_same_verdicts_on_host_programs(lf, seed):
     def report(lf, seed):
-        return _sha(analyse(lf.run(P, keep="report", materialise=False, seed=seed)))
+        return doc_sha(analyse(lf.run(P, keep="report", materialise=False, seed=seed)))
     lazy, eager = _both(report, lf, seed)
     assert lazy == eager
 
