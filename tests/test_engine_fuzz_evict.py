@@ -89,3 +89,20 @@ def test_one_and_two_ranks_agree_without_launch_jitter_only(tmp_path):
     assert fuzz_engine.rank_agreement(*runs["plain"]) == []
     assert runs["plain"][0].result["wrong_kv_rids"]
     assert any("wrong-kv" in b for b in fuzz_engine.rank_agreement(*runs["jitter"]))
+
+
+def test_a_rank_disagreement_is_a_bug_only_without_jitter_and_raced_reads():
+    """Seed 7001's case 12: without launch jitter, 2 ranks flag one request more because rank 1's
+    own torn read (its keyed compute jitter is its own) corrupted it: reported, not a bug."""
+    case = fuzz_engine.draw_evict_case(random.Random(3), 0)
+    plain = fuzz_engine.Case(case.index, case.preset, case.overrides, evict=True)
+    jittery = fuzz_engine.Case(case.index, case.preset, case.overrides, profile_text="[device]\n", evict=True)
+
+    def out(c, **res):
+        return fuzz_engine.Outcome(c, "OK", "", 0, 0.0, result={"stale_reads": 0, "torn_reads": 0, **res})
+    broken = ["wrong-kv requests [8] (1 rank) != [8, 10] (2 ranks)"]
+    assert fuzz_engine.counts_as_bug(out(plain), out(plain), broken)
+    assert not fuzz_engine.counts_as_bug(out(plain), out(plain, torn_reads=23), broken)
+    assert not fuzz_engine.counts_as_bug(out(plain, stale_reads=1), out(plain), broken)
+    assert not fuzz_engine.counts_as_bug(out(jittery), out(jittery), broken)
+    assert not fuzz_engine.counts_as_bug(out(plain), out(plain), [])
