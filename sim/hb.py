@@ -632,9 +632,18 @@ def double_written(dst, end, item) -> DoubleWritten:
     """The bytes of ``[dst, end)`` (one interval per extent) covered by the
     extents of more than one ``item``: a sweep over the per-item unions."""
     dst, end, item = (np.asarray(a, np.int64) for a in (dst, end, item))
-    s, e, it = _per_item_union(dst, end, item)
     z = np.zeros(0, np.int64)
     none = DoubleWritten(z, z, [], z, z, [])
+    keep = end > dst
+    d, e0 = (dst, end) if keep.all() else (dst[keep], end[keep])
+    if d.size < 2:
+        return none
+    # NOTE: extents that are pairwise disjoint (most copies: a page or row each) write no byte
+    # twice, whatever their items: sorted by start, each starting at or after the previous end
+    order = np.argsort(d, kind="stable")
+    if bool((d[order][1:] >= e0[order][:-1]).all()):
+        return none
+    s, e, it = _per_item_union(dst, end, item)
     if s.size < 2:
         return none
     bounds = np.r_[s, e]

@@ -14,6 +14,8 @@ byte x by token x // 576 of layer 0 and token (x - 7,936) // 576 of layer 1.
 import json
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.executor import run_schedule
 from sim.hb import double_written, intra_launch_races
@@ -124,6 +126,25 @@ def test_double_written_by_hand():
     assert dw.starts.tolist() == [4] and dw.ends.tolist() == [10]
     assert list(zip(dw.piece_starts.tolist(), dw.piece_ends.tolist())) == [(4, 6), (6, 8), (8, 10)]
     assert [i.tolist() for i in dw.piece_items] == [[0, 1], [0, 1, 2], [0, 1]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 8), st.integers(0, 3)), min_size=0, max_size=12))
+def test_double_written_is_the_bytes_two_items_write(exts):
+    """Against a per-byte count (disjoint extents included: the sweep's shortcut)."""
+    dst = np.array([x[0] for x in exts], np.int64)
+    end = dst + np.array([x[1] for x in exts], np.int64)
+    item = np.array([x[2] for x in exts], np.int64)
+    writers = {}
+    for a, b, i in zip(dst.tolist(), end.tolist(), item.tolist()):
+        for byte in range(a, b):
+            writers.setdefault(byte, set()).add(i)
+    want = sorted(b for b, w in writers.items() if len(w) >= 2)
+    dw = double_written(dst, end, item)
+    got = [b for a, e in zip(dw.starts.tolist(), dw.ends.tolist()) for b in range(a, e)]
+    assert got == want
+    for a, e, its in zip(dw.piece_starts.tolist(), dw.piece_ends.tolist(), dw.piece_items):
+        assert all(writers[b] == set(its.tolist()) for b in range(a, e))
 
 
 def test_kernel_copies_with_unique_destinations_have_no_intra_launch_race():
