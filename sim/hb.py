@@ -1100,6 +1100,9 @@ class RaceTracker:
     #: live accesses are pruned when this many ops were added since the last prune (and
     #: at least as many as were live after it)
     PRUNE_EVERY = 512
+    #: ... or when this many intervals were added (a few wide ops: a batch's multi-layer KV stores
+    #: and one-step reads add thousands of intervals each, so 512 ops held minutes of them)
+    PRUNE_ROWS = 1 << 15
 
     def __init__(self, clocks: OnlineClocks, limit: int | None, describe=None):
         self.clocks = clocks
@@ -1162,7 +1165,7 @@ class RaceTracker:
         # were added keeps its cost O(1) per interval added, and the live set within a
         # constant factor of what can race.  Counting ops instead let a run of wide writes
         # (a batch's KV store: hundreds of intervals an op) grow the live set unpruned.
-        if (self._since_prune >= self.PRUNE_EVERY
+        if ((self._since_prune >= self.PRUNE_EVERY or self._rows_since_prune >= self.PRUNE_ROWS)
                 and self._rows_since_prune >= self._live_after_prune):
             self.prune()
 

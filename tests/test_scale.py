@@ -160,6 +160,31 @@ def test_race_tracker_prunes_wide_accesses_by_their_intervals():
     assert most <= 8 * 600 * 2, most
 
 
+def test_race_tracker_prunes_after_many_intervals_in_few_ops(monkeypatch):
+    """Few ops of thousands of intervals each (a batch's multi-layer KV stores, a one-step
+    forward's reads): a prune is due once PRUNE_ROWS intervals were added, not only after
+    PRUNE_EVERY ops, so the live set stays within a few periods of intervals."""
+    monkeypatch.setattr(RaceTracker, "PRUNE_EVERY", 10 ** 9)       # the op count never triggers
+    monkeypatch.setattr(RaceTracker, "PRUNE_ROWS", 64)
+    clocks = OnlineClocks(["s0"], ["host"])
+    tracker = RaceTracker(clocks, 10)
+    starts = np.arange(0, 16 * 4096, 4096, dtype=np.int64)       # 16 intervals an op
+
+    class Op:
+        host, sync_targets, bound_record, stream, op = "host", (), None, "s0", "write"
+
+        def __init__(self, index):
+            self.index = index
+
+    most = 0
+    for k in range(400):                                          # one stream: each write is before the next
+        comp, pos, clock = clocks.add(Op(k))
+        tracker.add(k, comp, pos, clock, [("D", True, starts, starts + 256)])
+        most = max(most, tracker.live_accesses())
+    assert tracker.total == 0
+    assert most <= 2 * 64 + 2 * 16, most
+
+
 def test_report_run_holds_live_state_only(monkeypatch):
     """A host program of many rounds: what a keep="report" run holds per op does not
     grow with the number of rounds (a round reuses its slot after a positive query)."""
