@@ -242,6 +242,8 @@ def _kinds(doc) -> set[str]:
             out.add(o["routine"])
         elif o["op"] == "host_sync":
             out.add("host_sync:" + ("event" if "event" in o else "stream" if "stream" in o else "device"))
+        elif o["op"] == "write" and "layers" in o:
+            out.add("write:layers")
         else:
             out.add(o["op"])
     if len(doc["hosts"]) > 1:
@@ -258,6 +260,8 @@ FAMILY_ROUTINES = {"kv": {"kernel_per_layer", "kernel_all_layer", "direct_per_la
 #: several hosts and every stream op
 OPS_REACHED = {"host_sync:event", "host_sync:stream", "host_sync:device", "host_delay", "barrier",
                "several hosts", "wait", "read", "write", "compute", "record"}
+#: the families whose device buffers have several layers: their writes sometimes name several
+WRITE_LAYERS = {"kv"}
 
 
 def _reached(strategy, n: int) -> set:
@@ -279,7 +283,8 @@ def test_families_use_every_routine():
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_schedules_reach_every_routine_sync_kind_and_several_hosts(family):
-    missing = (FAMILY_ROUTINES[family] | OPS_REACHED) - _reached(schedules(families=[family]), 60)
+    want = FAMILY_ROUTINES[family] | OPS_REACHED | ({"write:layers"} if family in WRITE_LAYERS else set())
+    missing = want - _reached(schedules(families=[family]), 120)
     assert missing == set()
 
 

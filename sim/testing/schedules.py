@@ -36,6 +36,14 @@ def kv_buffers(unit_bytes: int = UNIT_BYTES) -> list[dict]:
     ]
 
 
+def _some_layers(draw, op: dict, layers: int) -> None:
+    """Sometimes make a ``write`` one of several layers (``layers``: distinct, in any order: one
+    kernel storing its units in each), as the engine's batch KV stores are."""
+    if layers > 1 and draw(st.integers(0, 2)) == 0:
+        del op["layer"]
+        op["layers"] = draw(st.lists(st.integers(0, layers - 1), min_size=2, max_size=layers, unique=True))
+
+
 #: 1..UNITS distinct unit indices
 idx_sets = st.lists(st.integers(0, UNITS - 1), min_size=1, max_size=UNITS, unique=True)
 
@@ -82,6 +90,7 @@ def kv_schedules(draw, max_ops: int = 14, synchronised: bool = False):
                   "layer": draw(st.integers(0, LAYERS - 1)), "units": draw(idx_sets)}
             if kind == "write":
                 op["owner"] = 100 + i
+                _some_layers(draw, op, LAYERS)
         elif kind == "compute":
             op = {"op": "compute", "stream": stream, "duration_us": draw(st.sampled_from([0.0, 0.5, 3.0, 20.0]))}
         elif kind == "record":
@@ -348,6 +357,7 @@ def schedules(draw, max_ops: int = 12, *, families: Sequence[str] = FAMILIES, ma
                                             unique=True))
             if kind == "write":
                 op["owner"] = 100 + i
+                _some_layers(draw, op, layers)
         elif kind == "compute":
             op = {"op": "compute", "stream": stream, "duration_us": draw(st.sampled_from([0.0, 0.5, 3.0, 20.0]))}
         elif kind == "record":
