@@ -1101,7 +1101,7 @@ class RaceTracker:
     #: at least as many as were live after it)
     PRUNE_EVERY = 512
     #: ... or when this many intervals were added (a few wide ops: a batch's multi-layer KV stores
-    #: and one-step reads add thousands of intervals each, so 512 ops held minutes of them)
+    #: and one-step reads add thousands of intervals each, so 512 ops held a long stretch of them)
     PRUNE_ROWS = 1 << 15
 
     def __init__(self, clocks: OnlineClocks, limit: int | None, describe=None):

@@ -145,7 +145,6 @@ def _fill_segments(models, segments) -> None:
             m.fill(a[:, 0], a[:, 1], origin, a[:, 2])
 
 
-
 def write_pattern(spec, layer, units, owner: int, version: int) -> tuple[list[Origin], np.ndarray]:
     """What a write of ``units`` stores (the one home of that rule): the origins, one per layer
     (``layer``: one layer or a sequence), and each extent's offset in its origin's pattern
@@ -155,6 +154,7 @@ def write_pattern(spec, layer, units, owner: int, version: int) -> tuple[list[Or
     soffs = np.asarray(units, np.int64) * ub
     return ([Origin(spec.kind, x, owner, version, ub) for x in layers],
             soffs if len(layers) == 1 else np.tile(soffs, len(layers)))
+
 
 class Memory:
     """Both byte models of a schedule's buffers.

@@ -895,7 +895,7 @@ class ScheduleBuilder:
         layers = _int_list(_get(d, "layers", w, list), f"{w}.layers", 0, lay.layers - 1)
         if not (layers.size > 0):
             raise InputError(f"{w}.layers", "expected at least one layer")
-        if not (np.unique(layers).size == layers.size):
+        if not (len(set(layers.tolist())) == layers.size):
             raise InputError(f"{w}.layers", f"expected distinct layers, got {show(layers.tolist())}")
         first = {k: v for k, v in d.items() if k != "layers"}
         first["layer"] = int(layers[0])
