@@ -137,7 +137,7 @@ def staged_write(schedule: Schedule, op) -> tuple[np.ndarray, np.ndarray, np.nda
     keep = np.sort(units.size - 1 - last)
     kept = units[keep]
     lo, hi = int(kept.min()), int(kept.max())
-    origins, _ = write_pattern(spec, op.layers or op.layer, units, int(op.owner), int(op.version))
+    origins, _ = write_pattern(spec, op.layers, units, int(op.owner), int(op.version))
     out_o, out_l, out_b = [], [], []
     for g, origin in enumerate(origins):
         rows = pattern_bytes(origin, lo * ub, (hi - lo + 1) * ub).reshape(hi - lo + 1, ub)

@@ -926,6 +926,22 @@ class _LiveBuffer:
                 self._index(r, row[0], row[1])
         self._indexed = len(rows)
 
+    def _bucket_rows(self, s: list, e: list) -> list | None:
+        """The live rows overlapping ``[s, e)``, in row order, when the merged intervals are one
+        interval inside one bucket and no wide row is live: that bucket's list (the rows
+        appended since the last query indexed first; a row is listed once per bucket, in the
+        order rows were appended).  None otherwise."""
+        sh = self.BUCKET_SHIFT
+        if not (len(s) == 1 and (e[0] - 1) >> sh == s[0] >> sh):
+            return None
+        rows = self.rows
+        if self._indexed < len(rows):
+            self._index_rows()
+        if self.wide:
+            return None
+        lo, hi = s[0], e[0]
+        return [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ())) if row[0] < hi and row[1] > lo]
+
     def columns(self) -> tuple:
         """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order."""
         pend = self._pending
@@ -957,17 +973,10 @@ class _LiveBuffer:
 
     def overlapping(self, s: list, e: list, s_arr=None, e_arr=None) -> list:
         """The live rows that overlap the merged intervals ``[s, e)`` (lists), in row order."""
+        got = self._bucket_rows(s, e)
+        if got is not None:
+            return got
         rows = self.rows
-        sh = self.BUCKET_SHIFT
-        one = len(s) == 1 and (e[0] - 1) >> sh == s[0] >> sh
-        if one and self._indexed < len(rows):
-            self._index_rows()
-        if one and not self.wide:
-            # one interval in one bucket: the bucket's rows, in row order (a row is listed once
-            # per bucket, in the order rows were appended)
-            lo, hi = s[0], e[0]
-            return [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ()))
-                    if row[0] < hi and row[1] > lo]
         idx = self._rows_overlapping(s, e, s_arr, e_arr)
         if idx is not None:
             return [rows[r] for r in idx.tolist()]
@@ -978,16 +987,8 @@ class _LiveBuffer:
         and race an access of an op with clock ``clock`` (``cl``: the same as a list, or None):
         the row's op is not ordered before it (``clock[comp] < pos``) and one side writes.
         The same ops as filtering ``overlapping(s, e)``."""
-        rows = self.rows
-        sh = self.BUCKET_SHIFT
-        one = len(s) == 1 and (e[0] - 1) >> sh == s[0] >> sh
-        if one and self._indexed < len(rows):
-            self._index_rows()
-        if one and not self.wide:
-            lo, hi = s[0], e[0]
-            cand = [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ()))
-                    if row[0] < hi and row[1] > lo]
-        elif len(rows) >= self.NUMPY_ROWS and \
+        cand = self._bucket_rows(s, e)
+        if cand is None and len(self.rows) >= self.NUMPY_ROWS and \
                 self._touched_buckets(s, e, s_arr, e_arr) > 4 * self.MAX_BUCKETS:
             # NOTE: the clock and write tests first (cheap, vectorised), the interval test
             # only on the rows left
@@ -999,7 +1000,7 @@ class _LiveBuffer:
             if not idx.size:
                 return ()
             return OP[_overlap_rows(S, E, idx, s, e, s_arr, e_arr)].tolist()
-        else:
+        if cand is None:
             cand = self._overlapping_py(s, e)
         if not cand:
             return ()

@@ -316,7 +316,7 @@ class Memory:
     def apply_write(self, op) -> None:
         """Apply a ``write`` op (:class:`sim.schedule.WriteOp`): every layer it writes."""
         offs, lens = op.extents
-        self.write_units(op.buffer, op.layers or op.layer, op.units, offs, lens, op.owner, op.version)
+        self.write_units(op.buffer, op.layers, op.units, offs, lens, op.owner, op.version)
 
     # ---------------------------------------------------------------- views
     def view(self, name: str, offset: int, nbytes: int) -> "View":

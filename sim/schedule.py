@@ -899,7 +899,7 @@ class ScheduleBuilder:
             raise InputError(f"{w}.layers", f"expected distinct layers, got {show(layers.tolist())}")
         first = {k: v for k, v in d.items() if k != "layers"}
         first["layer"] = int(layers[0])
-        _, op.units, (offs, lens) = _selection(first, w, self.buffers[op.buffer], self.totals, allow_ranges=False)
+        _, op.units, (_, lens) = _selection(first, w, self.buffers[op.buffer], self.totals, allow_ranges=False)
         self.totals.add_indices(op.units.size * (layers.size - 1), f"{w}.layers")
         op.layers = tuple(layers.tolist())
         op.layer = op.layers[0] if layers.size == 1 else None
