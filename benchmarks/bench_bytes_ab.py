@@ -34,6 +34,10 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.provenance import tree_origin  # noqa: E402
 
 PLAIN = """
 import dataclasses, hashlib, json, resource, sys, time
@@ -154,10 +158,11 @@ def main(argv=None) -> None:
             print(f"| `{t}` | {fmt(rows[t]['writes_on'])} | {fmt(rows[t]['writes_off'])} |")
     if args.json:
         with open(args.json, "w") as f:
-            # NOTE: a tree is a directory (a git archive, maybe with files copied in): say in
-            # BENCHMARKS.md which commit and files each one holds
+            # NOTE: a tree is a directory (a git archive, maybe with files copied in): its
+            # TREE_ORIGIN file names it (benchmarks/provenance.py)
             cmd = " ".join(["python benchmarks/bench_bytes_ab.py", *(sys.argv[1:] if argv is None else argv)])
-            json.dump({"command": cmd, "scenario": args.scenario, "set": args.sets, "duration_s": args.duration, "reps": args.reps,
+            json.dump({"command": cmd, "tree_origins": {t: tree_origin(t) for t in trees},
+                       "scenario": args.scenario, "set": args.sets, "duration_s": args.duration, "reps": args.reps,
                        "started": t0, "machine": platform.platform(), "python": platform.python_version(),
                        "load_avg": os.getloadavg(), "trees": rows}, f, indent=1)
 

@@ -314,7 +314,9 @@ def ab(before: Path, args) -> None:
             print(f"| {mode} | {a['ops']} | {b['cpu_s']} | {a['cpu_s']} | {b['ops_per_cpu_s']} | "
                   f"{a['ops_per_cpu_s']} | {b['peak_rss_mib']} / {a['peak_rss_mib']} | {same} |", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"provenance": {**prov, "before_tree": str(before)},
+        from benchmarks.provenance import tree_origin
+        Path(args.json).write_text(json.dumps({"provenance": {**prov, "before_tree": str(before),
+                                                              "before_origin": tree_origin(before)},
                                                "runs": runs}, indent=1))
 
 

@@ -27,3 +27,20 @@ def command() -> str:
     return "python " + " ".join([str(Path(sys.argv[0]).resolve().relative_to(ROOT))
                                  if Path(sys.argv[0]).resolve().is_relative_to(ROOT) else sys.argv[0],
                                  *sys.argv[1:]])
+
+
+#: a file a compared tree holds, naming where it came from (see tree_origin)
+TREE_ORIGIN_FILE = "TREE_ORIGIN"
+
+
+def tree_origin(tree) -> str:
+    """What a source tree a benchmark compares is: its ``TREE_ORIGIN`` file's text, written when
+    the tree is made (``git archive C | tar -x -C T && echo "git archive C" > T/TREE_ORIGIN``),
+    else the commit of a git checkout (:func:`git_commit`'s form), else ``?``."""
+    path = Path(tree)
+    named = path / TREE_ORIGIN_FILE
+    if named.is_file():
+        return named.read_text().strip()
+    if path.resolve() == ROOT:
+        return git_commit()
+    return "?"
