@@ -10,12 +10,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def git_commit() -> str:
-    """``git rev-parse --short HEAD``, with ``+uncommitted`` when tracked files differ from it;
-    ``?`` outside a git checkout."""
+    """``git rev-parse --short HEAD``, with ``+uncommitted`` when tracked files other than results
+    differ from it; ``?`` outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        # NOTE: result files being written (benchmarks/results/, results/) are not the code
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!benchmarks/results", ":!results"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
