@@ -274,3 +274,63 @@ def test_source_destination_overlap_check(ext):
         dst[d:d + n] = True
     s_, d_, n_ = (np.array([e[k] for e in ext]) for k in range(3))
     assert _intersect(s_, d_, n_) == bool((src & dst).any())
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), block=st.sampled_from([1, 2, 3, 5]))
+def test_copy_gathers_only_the_blocks_its_extents_touch(seed, block):
+    """``copy_from`` gathers a few extents spread over a many-block source from the blocks they
+    touch (``CompactBuffer._gather``): the same pieces as the gather over the whole span between
+    them, and the copy's bytes equal a bytearray reference."""
+    rng = np.random.default_rng(seed)
+    saved = CompactBuffer.block_segments
+    CompactBuffer.block_segments = block
+    try:
+        table = OriginTable()
+        size = 4000
+        src = CompactBuffer(size, table, ORIGINS[0], 0)
+        ref = bytearray(pattern_bytes(ORIGINS[0], 0, size).tobytes())
+        for _ in range(60):                        # many segments, so many blocks
+            o = ORIGINS[int(rng.integers(len(ORIGINS)))]
+            d, n, so = int(rng.integers(0, size - 40)), int(rng.integers(1, 40)), int(rng.integers(0, 999))
+            src.fill([d], [n], o, [so])
+            ref[d:d + n] = pattern_bytes(o, so, n).tobytes()
+        k = int(rng.integers(1, 6))
+        lens = rng.integers(1, 60, k)
+        s_off = np.sort(rng.choice(size - 60, k, replace=False)).astype(np.int64)
+        if rng.integers(2):
+            s_off = s_off[::-1].copy()             # extents in any order
+        s_off, lens = s_off.astype(np.int64), lens.astype(np.int64)
+        got = src._gather(s_off, lens)
+        _, _, st_, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
+        from sim.bytes.compact import _window_gather
+        want = _window_gather(st_, oid, soff, end, s_off, lens)
+        for a, b in zip(got, want):
+            assert np.array_equal(a, b)
+        dst = CompactBuffer(size, table, ORIGINS[1], 0)
+        dref = bytearray(pattern_bytes(ORIGINS[1], 0, size).tobytes())
+        d_off = rng.integers(0, size - 60, k)
+        dst.copy_from(src, s_off.tolist(), d_off.tolist(), lens.tolist())
+        naive_copy(dref, bytes(ref), list(zip(s_off.tolist(), d_off.tolist(), lens.tolist())))
+        assert dst.materialise().tobytes() == bytes(dref)
+        check_coalesced(dst)
+    finally:
+        CompactBuffer.block_segments = saved
+
+
+def test_copy_gather_of_sparse_extents_takes_the_touched_blocks_path(monkeypatch):
+    """The case above exercises the touched-blocks path, not only the span fallback."""
+    calls = []
+    saved = CompactBuffer.block_segments
+    CompactBuffer.block_segments = 2
+    try:
+        table = OriginTable()
+        src = CompactBuffer(1000, table, ORIGINS[0], 0)
+        for d in range(0, 1000, 10):
+            src.fill([d], [5], ORIGINS[1 + d % 3], [d])
+        real = CompactBuffer._span
+        monkeypatch.setattr(CompactBuffer, "_span", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+        ext = src._gather(np.array([3, 997 - 20], np.int64), np.array([4, 20], np.int64))
+        assert not calls and len(src._first) > 50 and sorted(set(ext[0].tolist())) == [0, 1]
+    finally:
+        CompactBuffer.block_segments = saved

@@ -715,6 +715,47 @@ class CompactBuffer:
         return (k0, k1, np.concatenate(self._bs[k0:k1]), np.concatenate(self._bo[k0:k1]),
                 np.concatenate(self._bf[k0:k1]), end)
 
+    def _gather(self, s_off, lens):
+        """``_window_gather`` of extents ``[s_off, s_off + lens)`` (non-empty, in bounds) over
+        this buffer: their source pieces, in extent order then position.
+
+        NOTE: only the blocks the extents touch are concatenated.  A copy's extents can be
+        spread over the whole buffer (a per-layer load from a ``page_first`` host pool reads
+        one slice of every page), where concatenating every block between the first and the
+        last extent cost more than the gather.  A segment's end is the next segment's start
+        in the buffer, or the end of its block, so the pieces are those of the whole span."""
+        first = self._first
+        nblk = len(first)
+        s_end = s_off + lens
+        if nblk > 2:
+            kb0 = first.searchsorted(s_off, "right") - 1
+            cnt = first.searchsorted(s_end, "left") - kb0
+            k0, k1 = int(kb0.min()), int((kb0 + cnt).max())
+            blocks = unique_sorted(np.repeat(kb0, cnt) + _ranks(cnt))
+            if 2 * blocks.size <= k1 - k0:
+                bl = blocks.tolist()
+                st = np.concatenate([self._bs[k] for k in bl])
+                # each segment's end: the next start in its block, the last one's its block's end
+                seg_end = np.empty(st.size, _I64)
+                block_end = np.append(first[1:], self.nbytes)
+                at = 0
+                for k in bl:
+                    n = len(self._bs[k])
+                    seg_end[at:at + n - 1] = st[at + 1:at + n]
+                    seg_end[at + n - 1] = block_end[k]
+                    at += n
+                i0 = np.searchsorted(st, s_off, side="right") - 1
+                c = np.searchsorted(st, s_end, side="left") - i0
+                ext = np.repeat(np.arange(len(lens)), c)
+                seg = i0[ext] + _ranks(c)
+                ps = np.maximum(st[seg], s_off[ext])
+                pe = np.minimum(seg_end[seg], s_end[ext])
+                oid = np.concatenate([self._bo[k] for k in bl])[seg]
+                soff = np.concatenate([self._bf[k] for k in bl])[seg] + (ps - st[seg])
+                return ext, ps, pe, oid, soff
+        _, _, st, oid, soff, end = self._span(int(s_off.min()), int(s_end.max()))
+        return _window_gather(st, oid, soff, end, s_off, lens)
+
     def __repr__(self) -> str:
         return f"CompactBuffer({self.nbytes} bytes, {self.segment_count()} segments)"
 
@@ -1011,8 +1052,7 @@ class CompactBuffer:
                                      ("dst_offsets", dst_offsets, self.nbytes))
         if not len(lens):
             return
-        _, _, st, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
-        ext, ps, pe, oid, soff = _window_gather(st, oid, soff, end, s_off, lens)
+        ext, ps, pe, oid, soff = src._gather(s_off, lens)
         if src.table is not self.table:
             uniq, inv = np.unique(oid, return_inverse=True)
             remap = np.array([self.table.intern(src.table[i]) for i in uniq.tolist()], dtype=_I64)
