@@ -113,6 +113,10 @@ class ReadCapture:
     # one memory.View per extent: a list, or a LazyViews (a sequence sliced on first use)
     views: Sequence
     in_flight: list = field(default_factory=list)   # [{"copy", "items_done", "items_in_flight", "items"}]
+    #: a copy item into the buffer was mid-flight at the read, so the views hold part of its
+    #: bytes (``torn`` runs); False: the views are the buffer's bytes at the read's instant,
+    #: copies in flight or not (their landed items are applied before the read)
+    torn: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -839,7 +843,7 @@ class Executor:
         # start at one instant on different streams may activate in either order (a window cut
         # from the run re-creates the same instant with fewer events), and the list is a set
         in_flight = [info for _, info in sorted(in_flight, key=lambda x: x[0])]
-        cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight)
+        cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight, bool(torn))
         if self.online is not None:
             self.online.captured(cap, self._frontier)
         else:

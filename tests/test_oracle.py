@@ -33,6 +33,22 @@ def test_expected_key_of_a_page_is_its_prefix_up_to_the_last_completed_entry():
     assert [keys[int(i)] for i in ids] == [(-1, 256), (-1, 256), (3, 512), (3, 1000)]
 
 
+def test_remembered_expected_keys_equal_a_fresh_lookup():
+    """``_expected_entries`` (what a read's check uses) remembers keys per request, role,
+    entries and context: each must equal :meth:`KVOracle.expected` computed afresh."""
+    lay = PagedLayout("c4", 1, 8, 64 * 16, 64)
+    o = KVOracle({"c4": ("c4buf", lay)}, {"c4buf": "c4"}, {"c4": 4})
+    other = o.for_buffers({"c4": ("c4buf_1", lay)}, {"c4buf_1": "c4"})
+    reqs = [req(3, s0=300, rid=1), req(4, s0=300, rid=2), req(3, n=9000, s0=300, rid=3)]
+    for _ in range(2):                                   # the second pass is answered from the memo
+        for r in reqs:
+            for ne, n_ctx in ((10, 41), (10, 2000), (250, 1002), (250, 1003), (700, 2801)):
+                want = o.expected(r, "c4", np.arange(ne, dtype=np.int64) * 4 + 3, n_ctx)
+                for orc in (o, other):
+                    got = orc._expected_entries(r, "c4", ne, n_ctx)
+                    assert np.array_equal(got, want) and not got.flags.writeable
+
+
 @pytest.fixture(scope="module")
 def dsa_runs():
     out = {}

@@ -233,3 +233,33 @@ def test_incremental_oracle_equals_the_full_check_on_a_random_history(ops, first
         b = full.check_reads(info, None, made_for, buf)
         assert {r: v.tolist() for r, v in a.items()} == {r: v.tolist() for r, v in b.items()}, (k, op)
     assert inc.entries_checked == full.entries_checked
+
+
+@pytest.mark.parametrize("name, sets, flagged", [
+    ("glm5-22811-small", ["run.layers=2", "variant.gate_map=upstream-0.5.10"], True),    # raced reads
+    ("incident-short", ["run.layers=4", "run.duration_s=1.5", "model.index_k_dtype=bf16",
+                        "variant.hypotheses=index-k-stride-mismatch"], False),
+])
+def test_a_read_with_copies_in_flight_but_nothing_torn_is_judged_from_the_buffer(name, sets, flagged):
+    """A read that caught no copy item mid-flight (``capture.torn`` False) saw the buffer as it
+    stands, copies in flight or not, so the engine hands the oracle the buffer: each such read's
+    verdict equals the check of its own views (``contents=None``)."""
+    e = PrefillEngine(load_scenario(name, sets), 0, keep="report")
+    o = e.oracle
+    orig = o.check_reads
+    n = {"in_flight": 0, "flagged": 0}
+
+    def spy(info, obs, made_for, contents=None):
+        got = orig(info, obs, made_for, contents)
+        if contents is not None and obs.in_flight:
+            assert not obs.torn
+            counters = o.entries_checked, o.entries_sampled, o.pairs_one_piece, o.pairs_by_sample
+            views = orig(info, obs, made_for, None)
+            o.entries_checked, o.entries_sampled, o.pairs_one_piece, o.pairs_by_sample = counters
+            assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in views.items()}, info.op_id
+            n["in_flight"] += 1
+            n["flagged"] += any(v.any() for v in views.values())
+        return got
+    o.check_reads = spy
+    e.run()
+    assert n["in_flight"] > 0 and (n["flagged"] > 0) == flagged, n

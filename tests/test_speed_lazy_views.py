@@ -71,6 +71,9 @@ def test_lazy_views_equal_the_views_sliced_at_capture_on_random_schedules(doc, s
     for c in lazy_caps:
         torn_overlay = torn and any(f["items_in_flight"] for f in c.in_flight)
         assert isinstance(c.views, LazyViews) != torn_overlay
+        assert c.torn == torn_overlay              # ReadCapture.torn: the views hold a torn item
+    for c in eager_caps:
+        assert c.torn == (torn and any(f["items_in_flight"] for f in c.in_flight))
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])

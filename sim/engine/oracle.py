@@ -32,7 +32,7 @@ Sampling the first byte of each field per entry catches every whole-entry error 
 foreign, misplaced, never written); a tear inside an entry is the race verdict's to report.
 
 **Incremental verdicts** (``incremental=True``, the default; used where the read saw the
-buffer as it stands, ``contents``: no copy into it in flight).  An entry's verdict is a pure
+buffer as it stands, ``contents``: no copy item into it was mid-flight at the read).  An entry's verdict is a pure
 function of the provenance of its sampled bytes and of the expected key: content keys are
 filed per store and never change, origins are immutable.  So the oracle remembers, per pool
 layer and device unit (page row) of a paged buffer, the key its leading entries ``0..n-1``
@@ -45,7 +45,8 @@ checked once per store or load-back, not once per read.  A unit is remembered on
 every sampled entry of it was right and the entries were exactly ``0..n-1`` (the request's
 entries of a page, in sequence order); anything else leaves it as it was or forgets it, so a
 remembered unit always states a verdict the full check gives.  ``incremental=False``, a read
-with a copy in flight (the views, not the buffer) and a non-paged layout take the full check
+that caught a copy item mid-flight (``capture.torn``: the views, not the buffer) and a non-paged
+layout take the full check
 (``tests/test_oracle_incremental.py`` compares the two read by read).
 """
 from __future__ import annotations
@@ -105,6 +106,10 @@ class KVOracle:
         self._table = None                           # the origin table _fields mirrors
         self._fields = tuple(np.zeros(0, np.int64) for _ in range(5))   # owner, layer, unit bytes, kind, version
         self._kinds: dict[str, int] = {}
+        # _expected_entries: (request id, role, entries, context) -> (request, key ids), of the
+        # reads made for _memo_for (a forward's made_for; shared by every rank's oracle)
+        self._expected_memo: dict[tuple, tuple] = {}
+        self._memo_for: list = [None]
 
     def for_buffers(self, buffers: Mapping[str, tuple], kinds: Mapping[str, str]) -> "KVOracle":
         """An oracle of another copy of the same pools (a further TP rank's buffers:
@@ -115,7 +120,9 @@ class KVOracle:
         if set(buffers) != set(self.buffers):
             raise InputError("buffers", f"expected the pool roles {sorted(self.buffers)}, got {sorted(buffers)}")
         other = KVOracle(buffers, kinds, self.ratios, incremental=self.incremental)
+        # NOTE: the expected keys are a function of the request and the shared content keys only
         other.content, other._ids = self.content, self._ids
+        other._expected_memo, other._memo_for = self._expected_memo, self._memo_for
         return other
 
     def _kind_code(self, kind: str) -> int:
@@ -221,6 +228,29 @@ class KVOracle:
     def _key_id(self, key: tuple) -> int:
         return self._ids.setdefault(key, len(self._ids))
 
+    def _expected_entries(self, req, role: str, ne: int, n_ctx: int) -> np.ndarray:
+        """:meth:`expected` of ``req``'s entries ``0..ne-1`` of ``role`` (entry ``j`` completed at
+        position ``j * ratio + ratio - 1``), read-only and remembered per (request, role,
+        ``ne``, ``n_ctx``).
+
+        NOTE: a forward reads a request's entries once per layer (43 reads of one role in a
+        per-layer forward), each with the same entries and context; the keys are a pure
+        function of those (content keys are ids assigned once and never change), so they are
+        computed once per forward instead of once per read.  The request is held with its
+        keys, so its ``id`` is not reused while remembered; what is remembered is one
+        forward's (``check_reads`` forgets it when the reads' ``made_for`` changes), so it
+        does not grow with the run."""
+        memo = self._expected_memo
+        mk = (id(req), role, ne, n_ctx)
+        got = memo.get(mk)
+        if got is not None and got[0] is req:
+            return got[1]
+        r = self.ratios[role]
+        w = self.expected(req, role, np.arange(ne, dtype=np.int64) * r + (r - 1), n_ctx)
+        w.setflags(write=False)
+        memo[mk] = (req, w)
+        return w
+
     def expected(self, req, role: str, position: np.ndarray, n_ctx: int) -> np.ndarray:
         """The content key id ``req``'s tokens give the unit holding each entry completed at
         ``position`` when ``n_ctx`` tokens of it are computed."""
@@ -246,6 +276,10 @@ class KVOracle:
         ``contents``: the read's buffer (a ``CompactBuffer``) holding, at the read's offsets,
         exactly what its views saw (the buffer at the instant of the read, when no copy into it
         was in flight); looked up once per group instead of per view."""
+        if made_for is not self._memo_for[0]:
+            # reads of another forward: the keys remembered are the last forward's
+            self._expected_memo.clear()
+            self._memo_for[0] = made_for
         _, lay = self.buffers[info.role]
         per_entry = len(lay.effective_fields) * len(info.pool_layers)
         out: dict[int, np.ndarray] = {}
@@ -269,7 +303,6 @@ class KVOracle:
         if contents is not None and self.incremental and isinstance(lay, PagedLayout):
             return self._check_incremental(info, made_for, contents)
         kind = self.kinds[name]
-        r = self.ratios[info.role]
         nf = len(lay.effective_fields)
         out: dict[int, np.ndarray] = {}
         rids, sizes = [], []
@@ -282,7 +315,7 @@ class KVOracle:
             if not len(ent):
                 out[rid] = np.zeros(0, bool)
                 continue
-            w = self.expected(req, info.role, np.arange(len(ent), dtype=np.int64) * r + (r - 1), n_ctx)
+            w = self._expected_entries(req, info.role, len(ent), n_ctx)
             unit_dest = ent // lay.entries_per_unit
             e = np.repeat(np.arange(len(ent)), nf)
             if isinstance(lay, PagedLayout):
@@ -401,7 +434,6 @@ class KVOracle:
         sample (:meth:`_sample_ok`)."""
         name, lay = self.buffers[info.role]
         kind = self.kinds[name]
-        r = self.ratios[info.role]
         epu, ub, lb = lay.entries_per_page, lay.page_bytes, np.int64(lay.layer_bytes)
         fs = lay.effective_fields
         f_off = np.array([f.offset for f in fs], np.int64)
@@ -420,7 +452,7 @@ class KVOracle:
                 out[rid] = np.zeros(0, bool)
                 continue
             self.entries_checked += ne * len(layers)
-            w = self.expected(req, info.role, np.arange(ne, dtype=np.int64) * r + (r - 1), n_ctx)
+            w = self._expected_entries(req, info.role, ne, n_ctx)
             u, i = np.divmod(ent, epu)
             # runs of entries with one page and one expected key (a request's entries of a page
             # are consecutive, in sequence order)
