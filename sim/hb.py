@@ -841,6 +841,7 @@ class _LiveBuffer:
         # columns (start, end, op, comp, pos, write) of rows[:len(start)]; rows appended since
         # are in _pending as (starts, ends, op, comp, pos, write) chunks until columns() is asked
         self._cols = tuple(np.zeros(0, np.int64) for _ in range(5)) + (np.zeros(0, bool),)
+        self._n_cols = 0                    # the columns' entries in use (the rest is capacity)
         self._pending: list[tuple] = []
 
     @property
@@ -943,18 +944,40 @@ class _LiveBuffer:
         return [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ())) if row[0] < hi and row[1] > lo]
 
     def columns(self) -> tuple:
-        """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order."""
+        """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order
+        (views of the first ``len(rows)`` entries; valid until the next call that changes the
+        rows).
+
+        NOTE: the columns have spare capacity, doubled when full, so the rows appended since
+        the last call are copied in once (amortised O(1) per row): re-concatenating the whole
+        columns on every call made a query after each append cost O(live rows)."""
         pend = self._pending
+        n = self._n_cols
         if pend:
             self._pending = []
             sizes = [len(p[0]) for p in pend]
-            S, E, OP, COMP, POS, W = self._cols
-            new = (np.concatenate([S, *[np.asarray(p[0], np.int64) for p in pend]]),
-                   np.concatenate([E, *[np.asarray(p[1], np.int64) for p in pend]]))
-            rest = tuple(np.concatenate([old, np.repeat(np.array([p[k] for p in pend], old.dtype), sizes)])
-                         for k, old in zip((2, 3, 4, 5), (OP, COMP, POS, W)))
-            self._cols = new + rest
-        return self._cols
+            m = n + sum(sizes)
+            cols = self._cols
+            if m > len(cols[0]):
+                cap = max(m, 2 * len(cols[0]), 64)
+                grown = []
+                for c in cols:
+                    g = np.empty(cap, c.dtype)
+                    g[:n] = c[:n]
+                    grown.append(g)
+                cols = self._cols = tuple(grown)
+            S, E, OP, COMP, POS, W = cols
+            at = n
+            for (ps, pe, op, comp, pos, w), k in zip(pend, sizes):
+                S[at:at + k] = ps
+                E[at:at + k] = pe
+                OP[at:at + k] = op
+                COMP[at:at + k] = comp
+                POS[at:at + k] = pos
+                W[at:at + k] = w
+                at += k
+            n = self._n_cols = m
+        return tuple(c[:n] for c in self._cols)
 
     def _touched_buckets(self, s: list, e: list, s_arr, e_arr) -> int:
         """How many (interval, bucket) pairs the merged intervals ``[s, e)`` touch."""
@@ -1057,6 +1080,7 @@ class _LiveBuffer:
             if len(kept) == len(self.rows):
                 return
             self._cols, self._pending = _columns_of(kept), []
+        self._n_cols = len(kept)
         self.rows, self.buckets, self.wide, self._indexed = kept, {}, [], 0
         self.writes = sum(1 for row in kept if row[5])
 
