@@ -113,9 +113,9 @@ class ReadCapture:
     # one memory.View per extent: a list, or a LazyViews (a sequence sliced on first use)
     views: Sequence
     in_flight: list = field(default_factory=list)   # [{"copy", "items_done", "items_in_flight", "items"}]
-    #: a copy item into the buffer was mid-flight at the read, so the views hold part of its
-    #: bytes (``torn`` runs); False: the views are the buffer's bytes at the read's instant,
-    #: copies in flight or not (their landed items are applied before the read)
+    #: part of a copy item mid-flight at the read lies in the read's bytes, so the views hold
+    #: part of its bytes (``torn`` runs); False: the views are the buffer's bytes at the
+    #: read's instant, copies in flight or not (their landed items are applied before the read)
     torn: bool = False
 
     @property
@@ -835,22 +835,26 @@ class Executor:
             # one per extent; NOTE: Memory.views pays from a few extents on, one is sliced alone
             views = ([self.mem.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
                      else self.mem.views(op.buffer, offs, lens))
+        overlaid = False
         for cp, n_done, started in torn:
             sl = cp.extent_slice(n_done, started)
             done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
-            self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)
+            overlaid |= self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)
         # NOTE: listed in issue order, not in the order the copies became active: copies that
         # start at one instant on different streams may activate in either order (a window cut
         # from the run re-creates the same instant with fewer events), and the list is a set
         in_flight = [info for _, info in sorted(in_flight, key=lambda x: x[0])]
-        cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight, bool(torn))
+        cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight, overlaid)
         if self.online is not None:
             self.online.captured(cap, self._frontier)
         else:
             self.reads.append(cap)
 
-    def _overlay_partial(self, cp: _Copy, sl: slice, done_b, views, offs, lens):
+    def _overlay_partial(self, cp: _Copy, sl: slice, done_b, views, offs, lens) -> bool:
+        """Overlay the part of ``cp``'s in-flight items ``sl`` done by now (``done_b`` bytes
+        each) on the read's views; whether any byte of them lies in the read."""
         c = cp.c
+        hit = False
         n_copy = np.minimum(c.copy_len[sl], done_b)
         f0, f1 = c.fill_start[sl], np.minimum(c.fill_end[sl], done_b)
         s, d = c.src[sl], c.dst[sl]
@@ -861,13 +865,16 @@ class Executor:
             b = np.minimum(d + n_copy, hi)
             m = b > a
             if m.any():
+                hit = True
                 self.mem.overlay(view, cp.op.src, s[m] + (a[m] - d[m]), a[m], (b - a)[m])
             a = np.maximum(d + f0, lo)
             b = np.minimum(d + f1, hi)
             m = b > a
             if m.any():
+                hit = True
                 self.mem.overlay_fill(view, oob_origin(cp.op.src), a[m], (b - a)[m],
                                       s[m] + (a[m] - d[m]) - c.src_nbytes)
+        return hit
 
 
 def _static_program(ops: list, other_hosts: bool = True) -> HostProgram:

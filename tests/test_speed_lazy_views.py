@@ -71,9 +71,23 @@ def test_lazy_views_equal_the_views_sliced_at_capture_on_random_schedules(doc, s
     for c in lazy_caps:
         torn_overlay = torn and any(f["items_in_flight"] for f in c.in_flight)
         assert isinstance(c.views, LazyViews) != torn_overlay
-        assert c.torn == torn_overlay              # ReadCapture.torn: the views hold a torn item
-    for c in eager_caps:
-        assert c.torn == (torn and any(f["items_in_flight"] for f in c.in_flight))
+
+
+@SETTINGS
+@given(st.one_of(rich_schedules(max_ops=16), schedules(max_ops=16), kv_schedules(max_ops=16)), st.integers(0, 3))
+def test_a_capture_is_torn_only_where_an_in_flight_item_reaches_its_bytes(doc, seed):
+    """``ReadCapture.torn`` False: the views are the buffer's bytes at the read (what an
+    item-atomic run, ``torn=False``, captures at the same instant); True only with an item
+    mid-flight."""
+    s = validate(doc)
+    _, seen_t, caps_t = _static(s, seed, True)
+    _, seen_a, caps_a = _static(s, seed, False)
+    assert not any(c.torn for c in caps_a)
+    for ct, (_, views_t, _), (_, views_a, _) in zip(caps_t, seen_t, seen_a):
+        if ct.torn:
+            assert any(f["items_in_flight"] for f in ct.in_flight)
+        else:
+            assert views_t == views_a
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -142,6 +156,35 @@ def test_a_read_with_a_torn_copy_overlay_keeps_eager_views():
             assert isinstance(cap.views, list) and lazy_seen[0][0]["status"] in ("stale", "torn")
             found = True
     assert found, "no delay put the read inside an item in flight"
+
+
+def test_a_read_is_torn_only_where_an_item_in_flight_reaches_it():
+    """While a copy of large items into units 0-3 is part-way, a one-unit read is ``torn``
+    exactly when part of an item done so far lies in its bytes (units 0-3): then its views
+    differ from an item-atomic run's (``torn=False``); a read of units 4-7 is not, and its views
+    are the item-atomic run's, items in flight or not."""
+    units, ub = 8, 1 << 19
+    copy = {"id": "c", "op": "copy", "stream": "b", "routine": "kernel_per_layer", "src": "h", "dst": "g",
+            "args": {"layer": 0, "src_indices": [4, 5, 6, 7], "dst_indices": [0, 1, 2, 3]}}
+    n = {"torn": 0, "elsewhere": 0}
+    for delay in (10.0, 20.0, 40.0):
+        for unit in range(units):
+            ops = [copy, {"id": "d", "op": "compute", "stream": "a", "duration_us": delay},
+                   {"id": "r", "op": "read", "stream": "a", "buffer": "g", "layer": 0, "units": [unit]}]
+            doc = _doc(ops, units)
+            doc["buffers"][0]["layout"]["unit_bytes"] = doc["buffers"][1]["layout"]["page_bytes"] = ub
+            s = validate(doc)
+            _, [(_, views_t, _)], [cap] = _static(s, 0, True)
+            _, [(_, views_a, _)], [cap_a] = _static(s, 0, False)
+            in_flight = any(f["items_in_flight"] for f in cap.in_flight)
+            assert not cap_a.torn and cap.torn == (in_flight and unit < 4)
+            if cap.torn:
+                n["torn"] += 1
+                assert views_t != views_a
+            else:
+                n["elsewhere"] += in_flight
+                assert views_t == views_a
+    assert n["torn"] > 0 and n["elsewhere"] > 0, n
 
 
 def test_lazy_views_of_a_snapshot_equal_the_buffers_slices_then():
