@@ -277,7 +277,7 @@ def test_source_destination_overlap_check(ext):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), block=st.sampled_from([1, 2, 3, 5]))
+@given(seed=st.integers(0, 2**32 - 1), block=st.sampled_from([1, 2, 3, 5, 8, 16]))
 def test_copy_gathers_only_the_blocks_its_extents_touch(seed, block):
     """``copy_from`` gathers a few extents spread over a many-block source from the blocks they
     touch (``CompactBuffer._gather``): the same pieces as the gather over the whole span between
@@ -295,18 +295,25 @@ def test_copy_gathers_only_the_blocks_its_extents_touch(seed, block):
             d, n, so = int(rng.integers(0, size - 40)), int(rng.integers(1, 40)), int(rng.integers(0, 999))
             src.fill([d], [n], o, [so])
             ref[d:d + n] = pattern_bytes(o, so, n).tobytes()
-        k = int(rng.integers(1, 6))
+        k = int(rng.integers(1, 6)) if rng.integers(2) else int(rng.integers(6, 200))   # sparse or dense
         lens = rng.integers(1, 60, k)
         s_off = np.sort(rng.choice(size - 60, k, replace=False)).astype(np.int64)
         if rng.integers(2):
             s_off = s_off[::-1].copy()             # extents in any order
         s_off, lens = s_off.astype(np.int64), lens.astype(np.int64)
-        got = src._gather(s_off, lens)
-        _, _, st_, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
         from sim.bytes.compact import _window_gather
-        want = _window_gather(st_, oid, soff, end, s_off, lens)
-        for a, b in zip(got, want):
-            assert np.array_equal(a, b)
+        for _ in range(3):                         # gathered again after a write: nothing stale kept
+            got = src._gather(s_off, lens)
+            _, _, st_, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
+            want = _window_gather(st_, oid, soff, end, s_off, lens)
+            for a, b in zip(got, want):
+                assert np.array_equal(a, b)
+            o = ORIGINS[int(rng.integers(len(ORIGINS)))]
+            j = int(rng.integers(k))                # over part of a gathered extent
+            d, so = int(s_off[j]) + int(rng.integers(0, lens[j])), int(rng.integers(999))
+            n = min(int(rng.integers(1, 40)), size - d)
+            src.fill([d], [n], o, [so])
+            ref[d:d + n] = pattern_bytes(o, so, n).tobytes()
         dst = CompactBuffer(size, table, ORIGINS[1], 0)
         dref = bytearray(pattern_bytes(ORIGINS[1], 0, size).tobytes())
         d_off = rng.integers(0, size - 60, k)
@@ -332,5 +339,37 @@ def test_copy_gather_of_sparse_extents_takes_the_touched_blocks_path(monkeypatch
         monkeypatch.setattr(CompactBuffer, "_span", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
         ext = src._gather(np.array([3, 997 - 20], np.int64), np.array([4, 20], np.int64))
         assert not calls and len(src._first) > 50 and sorted(set(ext[0].tolist())) == [0, 1]
+    finally:
+        CompactBuffer.block_segments = saved
+
+
+def test_a_gathered_buffer_forgets_its_concatenated_segments_on_every_write():
+    """Dense extents gather from the whole buffer's segments, kept until the next write: a
+    write inside one block (``_write_small``) or across blocks (``_replace``) is seen."""
+    saved = CompactBuffer.block_segments
+    CompactBuffer.block_segments = 8
+    try:
+        table = OriginTable()
+        src = CompactBuffer(1000, table, ORIGINS[0], 0)
+        for d in range(0, 1000, 10):
+            src.fill([d], [5], ORIGINS[1 + d % 3], [d])
+        s_off = np.arange(0, 990, 9, dtype=np.int64)
+        lens = np.full(s_off.size, 7, np.int64)
+        from sim.bytes.compact import _window_gather
+
+        def check():
+            got = src._gather(s_off, lens)
+            _, _, st_, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
+            for a, b in zip(got, _window_gather(st_, oid, soff, end, s_off, lens)):
+                assert np.array_equal(a, b)
+        check()
+        assert src._cat is not None
+        blocks = len(src._first)
+        src.fill(502, 2, ORIGINS[4], 7)                   # inside one segment of one block
+        assert len(src._first) == blocks and src._cat is None
+        check()
+        src.fill([0], [990], ORIGINS[5], [3])             # across every block
+        assert src._cat is None
+        check()
     finally:
         CompactBuffer.block_segments = saved
