@@ -342,34 +342,3 @@ def test_copy_gather_of_sparse_extents_takes_the_touched_blocks_path(monkeypatch
     finally:
         CompactBuffer.block_segments = saved
 
-
-def test_a_gathered_buffer_forgets_its_concatenated_segments_on_every_write():
-    """Dense extents gather from the whole buffer's segments, kept until the next write: a
-    write inside one block (``_write_small``) or across blocks (``_replace``) is seen."""
-    saved = CompactBuffer.block_segments
-    CompactBuffer.block_segments = 8
-    try:
-        table = OriginTable()
-        src = CompactBuffer(1000, table, ORIGINS[0], 0)
-        for d in range(0, 1000, 10):
-            src.fill([d], [5], ORIGINS[1 + d % 3], [d])
-        s_off = np.arange(0, 990, 9, dtype=np.int64)
-        lens = np.full(s_off.size, 7, np.int64)
-        from sim.bytes.compact import _window_gather
-
-        def check():
-            got = src._gather(s_off, lens)
-            _, _, st_, oid, soff, end = src._span(int(s_off.min()), int((s_off + lens).max()))
-            for a, b in zip(got, _window_gather(st_, oid, soff, end, s_off, lens)):
-                assert np.array_equal(a, b)
-        check()
-        assert src._cat is not None
-        blocks = len(src._first)
-        src.fill(502, 2, ORIGINS[4], 7)                   # inside one segment of one block
-        assert len(src._first) == blocks and src._cat is None
-        check()
-        src.fill([0], [990], ORIGINS[5], [3])             # across every block
-        assert src._cat is None
-        check()
-    finally:
-        CompactBuffer.block_segments = saved

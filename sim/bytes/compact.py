@@ -684,13 +684,9 @@ class CompactBuffer:
     #: every write forgets it
     _runs = None
 
-    #: the whole buffer's segment arrays (start, origin id, stream offset) concatenated, kept by
-    #: ``_gather`` until the next write (every write forgets it)
-    _cat = None
-
     def _replace(self, k0: int, k1: int, st, oid, soff) -> None:
         """Replace blocks ``[k0, k1)`` by segments cut into even blocks."""
-        self._runs = self._cat = None
+        self._runs = None
         n = len(st)
         old = sum(len(b) for b in self._bs[k0:k1])
         nblk = -(-n // self.block_segments)
@@ -757,13 +753,6 @@ class CompactBuffer:
                 oid = np.concatenate([self._bo[k] for k in bl])[seg]
                 soff = np.concatenate([self._bf[k] for k in bl])[seg] + (ps - st[seg])
                 return ext, ps, pe, oid, soff
-            # NOTE: extents over most blocks between them: the whole buffer's segments, kept
-            # until the next write (a source read again and again unchanged: a host pool a
-            # load-back reads layer by layer), instead of concatenating the span each time
-            cat = self._cat
-            if cat is None:
-                cat = self._cat = (np.concatenate(self._bs), np.concatenate(self._bo), np.concatenate(self._bf))
-            return _window_gather(*cat, self.nbytes, s_off, lens)
         _, _, st, oid, soff, end = self._span(int(s_off.min()), int(s_end.max()))
         return _window_gather(st, oid, soff, end, s_off, lens)
 
@@ -779,7 +768,7 @@ class CompactBuffer:
         out._bs, out._bo, out._bf = list(self._bs), list(self._bo), list(self._bf)
         out._first = self._first
         out._count = self._count
-        out._runs, out._cat = self._runs, self._cat
+        out._runs = self._runs
         return out
 
     # ---- queries ---------------------------------------------------------
@@ -1167,7 +1156,7 @@ class CompactBuffer:
         else:
             self._bs[k], self._bo[k], self._bf[k] = new_s, new_o, new_f
             self._count += len(new_s) - n
-            self._runs = self._cat = None
+            self._runs = None
         return True
 
     def _write(self, ns, ne, noid, nsoff, ordered: bool = False) -> None:
