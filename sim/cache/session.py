@@ -535,7 +535,7 @@ class CacheSession:
         """The :class:`~sim.bytes.compact.CompactBuffer` of ``buffer`` in the run's memory as
         it stands (the items the executor has applied; :attr:`memory` first applies those
         landed by now).  Inside a read sink (:meth:`set_read_sink`) it holds what the read
-        saw unless a copy item into ``buffer`` was mid-flight at the read (``capture.torn``)."""
+        saw unless the done part of a copy item mid-flight lay in its bytes (``capture.torn``)."""
         return self._ex.mem.compact[buffer]
 
     def bytes_of(self, buffer: str, layer: int, units) -> list[list[dict]]:

@@ -986,9 +986,9 @@ class PrefillEngine:
         st = entry["status"]
         t.stale += st == "stale"
         t.torn += st == "torn"
-        # NOTE: a read that caught no copy item mid-flight saw the buffer as it is now (the items
-        # landed so far are applied before it; the sink runs at the read's instant), which the
-        # oracle looks up once instead of view by view, and judges incrementally
+        # NOTE: a read with no copy item mid-flight in its bytes saw the buffer as it is now (the
+        # items landed so far are applied before it; the sink runs at the read's instant), which
+        # the oracle looks up once instead of view by view, and judges incrementally
         contents = None if capture.torn else self.session.buffer_contents(capture.buffer)
         self._judge(capture.op_id, st, capture, _Expected(expected_views), contents)
 

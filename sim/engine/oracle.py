@@ -32,8 +32,8 @@ Sampling the first byte of each field per entry catches every whole-entry error 
 foreign, misplaced, never written); a tear inside an entry is the race verdict's to report.
 
 **Incremental verdicts** (``incremental=True``, the default; used where the read saw the
-buffer as it stands, ``contents``: no copy item into it was mid-flight at the read).  An entry's verdict is a pure
-function of the provenance of its sampled bytes and of the expected key: content keys are
+buffer as it stands, ``contents``: no copy item mid-flight in its bytes).  An entry's verdict
+is a pure function of the provenance of its sampled bytes and of the expected key: content keys are
 filed per store and never change, origins are immutable.  So the oracle remembers, per pool
 layer and device unit (page row) of a paged buffer, the key its leading entries ``0..n-1``
 were last judged right for (:meth:`KVOracle.judged`), and :meth:`KVOracle.written`, called for
@@ -45,9 +45,9 @@ checked once per store or load-back, not once per read.  A unit is remembered on
 every sampled entry of it was right and the entries were exactly ``0..n-1`` (the request's
 entries of a page, in sequence order); anything else leaves it as it was or forgets it, so a
 remembered unit always states a verdict the full check gives.  ``incremental=False``, a read
-that caught a copy item mid-flight (``capture.torn``: the views, not the buffer) and a non-paged
-layout take the full check
-(``tests/test_oracle_incremental.py`` compares the two read by read).
+that caught a copy item mid-flight in its bytes (``capture.torn``: the views, not the buffer)
+and a non-paged layout take the full check (``tests/test_oracle_incremental.py`` compares the
+two read by read).
 """
 from __future__ import annotations
 
@@ -274,8 +274,9 @@ class KVOracle:
         the read has entries for, in groups of requests of about :attr:`CHUNK_SAMPLES` sampled
         bytes (the views are looked up once per group): ``{rid: bool per entry}``.
         ``contents``: the read's buffer (a ``CompactBuffer``) holding, at the read's offsets,
-        exactly what its views saw (the buffer at the instant of the read, when no copy into it
-        was in flight); looked up once per group instead of per view."""
+        exactly what its views saw (the buffer at the instant of the read, unless the done part
+        of a copy item mid-flight lay in the read's bytes: ``ReadCapture.torn``); looked up once
+        per group instead of per view."""
         if made_for is not self._memo_for[0]:
             # reads of another forward: the keys remembered are the last forward's
             self._expected_memo.clear()
