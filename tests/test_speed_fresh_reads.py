@@ -14,7 +14,7 @@ from sim.executor import Executor, _static_program
 from sim.schedule import validate
 from sim.testing import kv_schedules, load_forward_programs
 from sim.verdicts import OnlineVerdicts, analyse, read_digest
-from tests.helpers import both_ways, doc_sha, profile
+from tests.helpers import both_ways, doc_sha, profile, stream_static
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
@@ -23,15 +23,9 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 def _static(s, seed: int, torn: bool = True):
     """run_schedule(s, keep="report") with every read handed to a hook: (report, reads seen)."""
-    by_host: dict = {h: [] for h in s.hosts}
-    for op in s.ops:
-        by_host[op.host].append(op)
-    ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops, seed=seed, torn=torn)
     seen = []
-    ex.online.on_read(lambda cap, views, entry: seen.append(
-        (entry, [(v.offset, v.compact.provenance_digest()) for v in views])))
-    several = sum(1 for ops in by_host.values() if ops) > 1
-    run = ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, s)
+    run = stream_static(s, P, on_read=lambda cap, views, entry: seen.append(
+        (entry, [(v.offset, v.compact.provenance_digest()) for v in views])), seed=seed, torn=torn)
     return doc_sha(analyse(run)), seen
 
 
@@ -149,13 +143,8 @@ def test_a_fresh_read_hands_its_own_views_as_expected():
 def test_entries_without_digests_are_the_entries_less_the_digests(doc, seed):
     s = validate(doc)
     _, with_digests = _static(s, seed)
-    by_host: dict = {h: [] for h in s.hosts}
-    for op in s.ops:
-        by_host[op.host].append(op)
-    ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops, seed=seed)
     seen = []
-    ex.online.on_read(lambda cap, views, entry: seen.append(
-        (entry, [(v.offset, v.compact.provenance_digest()) for v in views])), digests=False)
-    ex.run({h: _static_program(ops, len(by_host) > 1) for h, ops in by_host.items()}, s)
+    stream_static(s, P, on_read=lambda cap, views, entry: seen.append(
+        (entry, [(v.offset, v.compact.provenance_digest()) for v in views])), digests=False, seed=seed)
     strip = ("provenance_sha256", "expected_provenance_sha256")
     assert seen == [({k: v for k, v in e.items() if k not in strip}, views) for e, views in with_digests]

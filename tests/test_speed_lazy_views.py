@@ -17,12 +17,12 @@ from sim.bytes.compact import CompactBuffer, OriginTable
 from sim.bytes.pattern import Origin
 from sim.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
-from sim.executor import Executor, _static_program, run_reference
+from sim.executor import Executor, run_reference
 from sim.read_views import LazyViews
 from sim.schedule import validate
 from sim.testing import kv_schedules, load_forward_programs
 from sim.verdicts import analyse
-from tests.helpers import both_ways, doc_sha, profile
+from tests.helpers import both_ways, doc_sha, profile, stream_static
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
@@ -40,15 +40,9 @@ def _static(s, seed: int, torn: bool, materialise: bool = False, describe: bool 
     """The schedule streamed with a read sink that keeps every capture, looked at only after
     the run: (report digest, [(entry, capture's views, expected views)], captures);
     ``describe=False``: the entries only, no view looked at."""
-    by_host: dict = {h: [] for h in s.hosts}
-    for op in s.ops:
-        by_host[op.host].append(op)
-    ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops, seed=seed, torn=torn,
-                  materialise=materialise)
     seen = []
-    ex.online.on_read(lambda cap, views, entry: seen.append((cap, views, entry)), digests=False)
-    several = sum(1 for ops in by_host.values() if ops) > 1
-    run = ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, s)
+    run = stream_static(s, P, on_read=lambda cap, views, entry: seen.append((cap, views, entry)), digests=False,
+                        seed=seed, torn=torn, materialise=materialise)
     caps = [cap for cap, _, _ in seen]
     if not describe:
         return None, [entry for _, _, entry in seen], caps

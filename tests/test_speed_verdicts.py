@@ -10,7 +10,7 @@ from sim.errors import InputError
 from sim.executor import Executor, _static_program
 from sim.schedule import validate
 from sim.verdicts import analyse
-from tests.helpers import profile
+from tests.helpers import profile, stream_static
 from tests.strategies import rich_schedules, schedules
 
 P = profile(jitter_frac=0.1)
@@ -19,14 +19,7 @@ SETTINGS = settings(max_examples=10, deadline=None, suppress_health_check=[Healt
 
 def _run(s, seed: int, hook=None):
     """run_schedule(s, keep="report"), with ``hook`` given to the verdicts before the run."""
-    by_host: dict = {h: [] for h in s.hosts}
-    for op in s.ops:
-        by_host[op.host].append(op)
-    ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops, seed=seed)
-    if hook is not None:
-        ex.online.on_read(hook)
-    several = sum(1 for ops in by_host.values() if ops) > 1
-    return ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, s)
+    return stream_static(s, P, on_read=hook, seed=seed)
 
 
 @SETTINGS
