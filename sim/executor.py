@@ -384,7 +384,7 @@ class Executor:
     #: landed items of one copy applied in one call where nothing lands between them (see
     #: _advance); False: one call per landing time (tests/test_speed_landing.py runs both)
     MERGE_LANDED = True
-    #: ``keep="report"`` with a compact-only memory: a read with no torn copy overlay gets its
+    #: ``keep="report"`` with a compact-only memory: a read with no copy item mid-flight in its buffer gets its
     #: views sliced on first use (``sim.read_views.LazyViews``); False slices every read's at
     #: its capture (the same views: tests/test_speed_lazy_views.py runs both)
     LAZY_VIEWS = True
@@ -812,7 +812,7 @@ class Executor:
     def _capture(self, op):
         t = self.env.now
         offs, lens = op.extents
-        in_flight, torn = [], []
+        in_flight, partial = [], []           # partial: copies with an item mid-flight now
         for cp in self.active:
             if cp.op.dst != op.buffer:
                 continue
@@ -825,8 +825,8 @@ class Executor:
                     "items_in_flight": max(0, started - n_done)}
             in_flight.append((cp.op.index, info))
             if self.torn and started > n_done:
-                torn.append((cp, n_done, started))
-        if self.LAZY_VIEWS and self.online is not None and self.mem.material is None and not torn:
+                partial.append((cp, n_done, started))
+        if self.LAZY_VIEWS and self.online is not None and self.mem.material is None and not partial:
             # NOTE: a streamed run hands the capture to its verdicts and forgets it; a fresh read
             # is judged without its views (OnlineVerdicts.captured, the engine's KV oracle), so
             # they are sliced only if something looks at them, from a snapshot of this instant
@@ -836,7 +836,7 @@ class Executor:
             views = ([self.mem.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
                      else self.mem.views(op.buffer, offs, lens))
         overlaid = False
-        for cp, n_done, started in torn:
+        for cp, n_done, started in partial:
             sl = cp.extent_slice(n_done, started)
             done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
             overlaid |= self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)

@@ -838,7 +838,7 @@ class _LiveBuffer:
         self.wide: list[int] = []
         self._indexed = 0                   # rows[:_indexed] are in buckets / wide (see _index_rows)
         self.writes = 0                     # rows that are writes (none: a read cannot race here)
-        # columns (start, end, op, comp, pos, write) of rows[:len(start)]; rows appended since
+        # columns (start, end, op, comp, pos, write) of rows[:_n_cols]; rows appended since
         # are in _pending as (starts, ends, op, comp, pos, write) chunks until columns() is asked
         self._cols = tuple(np.zeros(0, np.int64) for _ in range(5)) + (np.zeros(0, bool),)
         self._n_cols = 0                    # the columns' entries in use (the rest is capacity)

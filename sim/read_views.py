@@ -3,8 +3,8 @@
 The executor captures every read's views (``ReadCapture.views``: one ``memory.View`` per
 extent) at the instant the read touches its bytes.  Slicing them (``CompactBuffer.slices``)
 costs about one small buffer per extent, and a streamed run's common reader does not look at
-them: a fresh read with no copy into its buffer in flight is judged from the buffer itself
-(``OnlineVerdicts.captured`` does not compare it; the engine's KV oracle reads the buffer).
+them: a fresh read is not compared (``OnlineVerdicts.captured``), and the engine's KV oracle
+reads the buffer itself unless a copy item mid-flight lies in the read (``ReadCapture.torn``).
 :class:`LazyViews` keeps instead an O(blocks) clone of the buffer's compact model at the
 capture instant (``CompactBuffer.clone``: it shares the block arrays, which no write modifies
 in place) and slices it the first time anything looks at the views, so they are exactly the
@@ -33,8 +33,8 @@ class LazyViews(Sequence):
 
     ``len()`` is the number of extents without building; indexing, iteration (so ``zip``,
     ``sorted``, ...) build the views once and keep them (the snapshot is then dropped), so
-    every use sees the same ``View`` objects.  Materialised memories and reads with a torn
-    copy overlay keep eager views (the executor decides: ``Executor._capture``)."""
+    every use sees the same ``View`` objects.  Materialised memories and reads with a copy
+    item mid-flight in their buffer keep eager views (the executor decides: ``Executor._capture``)."""
 
     __slots__ = ("_buffer", "_offsets", "_lengths", "_views")
 
