@@ -130,3 +130,53 @@ def test_buffers_written_both_ways_hold_the_same_segments(blocks, steps):
         assert [a.tolist() for a in f._bf] == [a.tolist() for a in w._bf]
         assert f.segment_count() == w.segment_count()
         assert f.materialise().tobytes() == w.materialise().tobytes()
+
+
+@pytest.mark.parametrize("blocks", [1, 2, 3, 5])
+@pytest.mark.parametrize("seed", range(12))
+def test_writes_join_runs_across_block_boundaries(blocks, seed):
+    """A write is made over the blocks its pieces span alone, unless its first or last
+    segment continues the neighbour block's run (then again with one more block each side):
+    one stream written back in shuffled chunks, by fills and by copies, ends as one segment,
+    coalesced after every write; and random writes give the segments of the always-padded
+    write (``_continues`` always True)."""
+    rng = np.random.default_rng(seed)
+    mp = pytest.MonkeyPatch()
+    mp.setattr(CompactBuffer, "block_segments", blocks)
+    try:
+        size = 48 * UNIT
+        cuts = np.unique(np.r_[0, rng.integers(1, 48, 20), 48]) * UNIT
+        chunks = list(zip(cuts[:-1].tolist(), cuts[1:].tolist()))
+        t = OriginTable()
+        src = CompactBuffer(size, t, ORIGINS[2], 7 * UNIT)
+        for how in ("fill", "copy"):
+            b = CompactBuffer(size, t, ORIGINS[0])
+            for k in rng.permutation(len(chunks)).tolist():
+                a, e = chunks[k]
+                if how == "fill":
+                    b.fill(np.array([a], np.int64), np.array([e - a], np.int64), ORIGINS[1], np.array([a + UNIT], np.int64))
+                else:
+                    b.copy_from(src, np.array([a], np.int64), np.array([a], np.int64), np.array([e - a], np.int64))
+                check_coalesced(b)
+            assert b.segment_count() == 1
+        got = {}
+        for padded in (False, True):
+            if padded:
+                mp.setattr(CompactBuffer, "_continues", lambda self, k, new, at: True)
+            r = np.random.default_rng(seed + 1000)
+            b = [CompactBuffer(size, t, ORIGINS[0]), CompactBuffer(size, t, ORIGINS[1], 5 * UNIT)]
+            for _ in range(30):
+                i = int(r.integers(2))
+                k = int(r.integers(1, 6))
+                d = np.sort(r.choice(48, k, replace=False)).astype(np.int64) * UNIT
+                n = np.minimum(r.integers(1, 4, k) * UNIT, size - d)
+                s = d + int(r.integers(0, 3)) * UNIT       # often the stream the buffer holds
+                if r.integers(2):
+                    b[i].copy_from(b[1 - i], np.minimum(s, size - n), d, n)
+                else:
+                    b[i].fill(d, n, ORIGINS[int(r.integers(2))], s)
+                check_coalesced(b[i])
+            got[padded] = [[a.tolist() for a in x.segments()] for x in b]
+        assert got[False] == got[True]
+    finally:
+        mp.undo()

@@ -164,9 +164,12 @@ def extents(where: str, lengths, *pairs):
 
 
 def unique_sorted(a) -> np.ndarray:
-    """``np.unique(a)`` of a 1-d array (sorted distinct values), without ``np.unique``'s
-    plain path: numpy 2.x imports ``numpy.ma`` there on its first call (``np.ma.is_masked``),
-    about 0.08 CPU s once per process, a third of a short run's report."""
+    """``np.unique(a)`` of a 1-d array (sorted distinct values), by one sort.
+
+    NOTE: ``np.unique``'s plain path (no ``return_*``) is a hash table in numpy 2.4, about 1 us
+    an element: 250 ms for 300k int64 slots, where the sort takes 6 ms (numpy 2.4.6, this
+    project's VM); a forward's slots of every request go through here.  It also imports
+    ``numpy.ma`` on its first call (about 0.08 CPU s once per process)."""
     a = np.sort(np.asarray(a).reshape(-1))
     keep = np.empty(a.size, bool)
     keep[:1] = True
@@ -646,7 +649,10 @@ class CompactBuffer:
     byte range spans, not the whole buffer.
     """
 
-    block_segments = 1 << 14
+    #: NOTE: a write re-cuts every block it spans, so its cost grows with the block: 4,096
+    #: segments cost 12-15 % less CPU than 16,384 over a 30-45 s ``incident`` run, with the same
+    #: results (1,024 and 2,048 measured the same as 4,096; BENCHMARKS.md, ninth session)
+    block_segments = 1 << 12
 
     def __init__(self, nbytes: int, table: OriginTable, origin: Origin, stream_offset: int = 0):
         nbytes, stream_offset = int(nbytes), int(stream_offset)
@@ -1169,12 +1175,38 @@ class CompactBuffer:
                 ns, ne, noid, nsoff = ps, pe, noid[owner], nsoff[owner] + (ps - ns[owner])
             elif not (order[1:] > order[:-1]).all():
                 ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
-        k0, k1, st, oid, soff, end = self._span(int(ns[0]), int(ne[-1]), pad=True)
-        if len(ns) <= FEW_PIECES + len(st) // FEW_SEGMENTS:
-            self._replace(k0, k1, *_window_write_few(st, oid, soff, end, ns.tolist(), ne.tolist(),
-                                                     noid.tolist(), nsoff.tolist()))
+        # NOTE: first over the blocks the pieces span alone, then, only where the result's first
+        # or last segment continues the neighbour block's (the buffer keeps its segments
+        # coalesced across blocks), again with one more block each side.  The window_write of
+        # the padded blocks changes nothing outside the unpadded ones but those two joints, so
+        # both give the same segments; the unpadded window is a third of the padded one.
+        lo, hi = int(ns[0]), int(ne[-1])
+        for pad in (False, True):
+            k0, k1, st, oid, soff, end = self._span(lo, hi, pad=pad)
+            if len(ns) <= FEW_PIECES + len(st) // FEW_SEGMENTS:
+                new = _window_write_few(st, oid, soff, end, ns.tolist(), ne.tolist(), noid.tolist(),
+                                        nsoff.tolist())
+            else:
+                new = _window_write(st, oid, soff, end, ns, ne, noid, nsoff)
+            if pad or not (self._continues(k0 - 1, new, 0) or self._continues(k1, new, -1)):
+                self._replace(k0, k1, *new)
+                return
+
+    def _continues(self, k: int, new: tuple, at: int) -> bool:
+        """Whether block ``k``'s neighbouring segment and segment ``at`` (0: the first, -1: the
+        last) of the new window segments ``new`` would coalesce: the new first continues block
+        ``k``'s last segment, or block ``k``'s first continues the new last (False when there
+        is no block ``k``)."""
+        if not 0 <= k < len(self._bs):
+            return False
+        st, oid, so = new
+        if at == 0:
+            a, b = (int(self._bs[k][-1]), int(self._bo[k][-1]), int(self._bf[k][-1])), \
+                (int(st[0]), int(oid[0]), int(so[0]))
         else:
-            self._replace(k0, k1, *_window_write(st, oid, soff, end, ns, ne, noid, nsoff))
+            a, b = (int(st[-1]), int(oid[-1]), int(so[-1])), \
+                (int(self._bs[k][0]), int(self._bo[k][0]), int(self._bf[k][0]))
+        return a[1] == b[1] and b[2] == a[2] + (b[0] - a[0])
 
 
 class _SmallView(CompactBuffer):
