@@ -35,6 +35,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.bytes.describe import describe
 from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCacheController
 from sim.cache.ranks import RankedHost, rank_header
@@ -480,7 +481,7 @@ class CacheSession:
         merged = 0
         for name, lay in dp.layouts.items():
             ent = dp.entries_of(name, idx)
-            units = ent if lay.entries_per_page == 1 else np.unique(ent // lay.entries_per_page)
+            units = ent if lay.entries_per_page == 1 else unique_sorted(ent // lay.entries_per_page)
             if units.size == 0:
                 continue
             pool_layer = {m: k for k, m in enumerate(dp.model_layers_of(name))}

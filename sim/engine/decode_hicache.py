@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import CacheSession
@@ -454,7 +455,7 @@ class DecodeCacheEngine(DecodeEngine):
                 entries[role][d.req.rid] = s.entries_of(name, slots)
         for role, (name, lay) in self.buffers.items():
             ent = entries[role]
-            allent = np.unique(np.concatenate(list(ent.values())))
+            allent = unique_sorted(np.concatenate(list(ent.values())))
             pls = tuple(range(lay.layers))
             st0, ln0 = read_ranges(lay, 0, allent)
             starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
@@ -512,12 +513,14 @@ class DecodeCacheEngine(DecodeEngine):
     def _check_ownership(self, ds: list[DecodeReq]) -> None:
         """Every slot a step reads or writes for a request is allocated (not free), and no two
         running requests own the same slot past their tree prefix."""
-        free = self.session.allocator.free_page_ids()
+        # NOTE: both sides made unique by a sort (unique_sorted), so intersect1d need not
+        # (its own np.unique is numpy 2.4's slow hash path)
+        free = unique_sorted(self.session.allocator.free_page_ids())
         seen: set[int] = set()
         for d in ds:
             self.counts["ownership_checks"] += 1
             slots = d.sequence_slots()[:d.context + 1]
-            bad = np.intersect1d(np.unique(slots // self.page), free)
+            bad = np.intersect1d(unique_sorted(slots // self.page), free, assume_unique=True)
             if bad.size:
                 raise DecodeSideError(f"request {d.req.rid}: its decode step uses pages {bad[:4].tolist()} that are "
                                       "free in the decode allocator")

@@ -53,6 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.ranks import rank_name
@@ -509,12 +510,12 @@ class PrefillEngine:
             owned = np.concatenate(path[::-1]) if path else np.zeros(0, np.int64)
             if not np.array_equal(owned[:len(a.prefix)], a.prefix):
                 raise OwnershipError(f"request {a.req.rid}: prefix slots are not its locked path's values")
-            pages = np.unique(np.concatenate([a.prefix, used]) // self.page)
+            pages = unique_sorted(np.concatenate([a.prefix, used]) // self.page)
             bad = pages[is_free[pages]]
             if bad.size:
                 raise OwnershipError(f"request {a.req.rid}: reads pages {bad[:4].tolist()} "
                                      "that are free in the allocator")
-            mine = np.unique(used)
+            mine = unique_sorted(used)
             bad = mine[in_tree[mine]]
             if bad.size:
                 raise OwnershipError(f"request {a.req.rid}: new slots {bad[:4].tolist()} hold a tree "

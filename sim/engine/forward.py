@@ -44,6 +44,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.engine.cost import CostModel, mix64_array, step_cost
 from sim.engine.gates import READERS, GateMap
 from sim.engine.models import ModelFamily, resolve_options
@@ -215,7 +216,7 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
     kv_bytes: dict[str, int] = {}
     for role, ent in entries.items():
         if ent:
-            allent = np.unique(np.concatenate(list(ent.values())))
+            allent = unique_sorted(np.concatenate(list(ent.values())))
             base[role] = read_ranges(buffers[role][1], 0, allent)
             kv_bytes[role] = int(base[role][1].sum())
     steps_of: dict[str, tuple] = {}       # layer kind -> its steps (layer_steps)

@@ -56,6 +56,7 @@ from typing import Mapping
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.engine.workload import TokenSource, tokens
 from sim.errors import InputError
 from sim.pools.layouts import PagedLayout
@@ -221,7 +222,7 @@ class KVOracle:
             kind = self.kinds[name]
             units = np.asarray(ent, np.int64) // lay.entries_per_unit
             pos = np.asarray(positions[role], np.int64)
-            for u in np.unique(units).tolist():
+            for u in unique_sorted(units).tolist():
                 last = int(pos[units == u].max())
                 self.content[(kind, store, u)] = self._key_id(content_key(req, last + 1))
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.bytes.compact import unique_sorted
 from sim.errors import InputError, show
 
 __all__ = [
@@ -244,7 +245,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if idx.size == 0:
             return
         if self.is_not_in_free_group:
-            pages = np.unique(idx // self.page_size)
+            pages = unique_sorted(idx // self.page_size)
             if self.need_sort:
                 self.release_pages = np.concatenate((pages, self.release_pages))
             else:
