@@ -231,3 +231,27 @@ def test_range_pairs_fast_path_at_every_edge():
                 assert _outcome(schedule._selection, d, buf, True) == before, d
                 cases += 1
     assert cases > 50
+
+
+def test_long_range_lists_take_the_plain_path_with_the_same_outcome():
+    """Range lists of at least ``PLAIN_RANGES_MIN`` pairs are checked by ``_plain_ranges``
+    (C loops over the types, int64 bounds): good lists at the buffer's edges take it, and a
+    bad pair anywhere in a long list (every pair of the edge test, out of bounds by one,
+    int64 overflow) gives the replaced loop's outcome, message included."""
+    cases = 0
+    for buf in _buffers().values():
+        nb = buf.nbytes
+        good = [[k % nb, 1] for k in range(40)] + [[nb - 1, 1], [0, nb]]
+        assert len(good) >= schedule.PLAIN_RANGES_MIN
+        assert schedule._plain_ranges(good, nb) is not None
+        bad = [[0, True], [False, 8], [_Eight.EIGHT, 8], (0, 8), [0.0, 8], [0, 2 ** 70], [2 ** 63, 1], [0],
+               [0, 8, 1], [], "r", None, [-1, 8], [0, 0], [nb, 1], [nb - 1, 2], [0, nb + 1],
+               [2 ** 62, 2 ** 62], [2 ** 63 - 1, 1]]
+        for ranges in [good] + [good[:at] + [p] + good[at:] for p in bad for at in (0, 17, len(good))]:
+            before = _outcome(_selection_before, {"ranges": ranges}, buf, True)
+            assert _outcome(schedule._selection, {"ranges": ranges}, buf, True) == before, ranges
+            cases += 1
+    assert cases > 100
+    # a total past int64 (each length <= the buffer): summed as Python ints
+    r = [[0, 1 << 50]] * 8193
+    assert schedule._plain_ranges(r, 1 << 50)[2] == 8193 << 50
