@@ -54,7 +54,8 @@ from sim.engine.models import ModelDims
 from sim.errors import InputError, require
 from sim.profile import Profile
 
-__all__ = ["CostModel", "CostParams", "OpCost", "keyed_normal", "keyed_normals", "mix64_array", "step_cost"]
+__all__ = ["CostModel", "CostParams", "OpCost", "keyed_normal", "keyed_normals", "mix64_array", "seq_sum", "step_cost",
+           "step_cost_of"]
 
 _MASK = (1 << 64) - 1
 
@@ -205,26 +206,50 @@ def step_cost(kind: str, dims: ModelDims, layer_kind: str, requests, kv_bytes: i
     """The :class:`OpCost` of compute ``kind`` (``indexer``, ``attention``, ``ffn``) of one
     layer for ``requests`` (each with ``new_tokens`` query tokens and ``context_tokens``
     attended), per GPU of ``tp`` ranks; ``tokens_per_entry`` is the layer's compression
-    ratio (1 for uncompressed pools)."""
+    ratio (1 for uncompressed pools).  :func:`step_cost_of` with the requests as arrays."""
+    return step_cost_of(kind, dims, layer_kind, [r.new_tokens for r in requests],
+                        [r.context_tokens for r in requests], kv_bytes, tp, tokens_per_entry)
+
+
+def seq_sum(values) -> float:
+    """``values`` (a 1-d numpy array) added left to right from ``0``: exactly what
+    ``total = 0; for v in ...: total += v`` gives (a float sum depends on its order)."""
+    total = 0
+    for v in values.tolist():
+        total += v
+    return total
+
+
+def step_cost_of(kind: str, dims: ModelDims, layer_kind: str, new_tokens, context_tokens, kv_bytes: int,
+                 tp: int = 1, tokens_per_entry: int = 1) -> OpCost:
+    """:func:`step_cost` of requests given as two sequences (query tokens, context tokens), one
+    entry per request.
+
+    NOTE: the per-request terms are numpy arrays, computed in the order of operations of the
+    scalar formulas (so every term is the same float), then added in request order as the
+    scalar loop added them (:func:`seq_sum`; the indexer's by builtin ``sum``, as before): the
+    same FLOPs bit for bit (``tests/test_speed_cost.py``), without a Python step per request of
+    a decode batch."""
     require(tp >= 1, "tp", f"expected >= 1, got {tp}")
-    q_total = sum(r.new_tokens for r in requests)
+    nt = np.asarray(new_tokens)
+    ctx = np.asarray(context_tokens)
     if kind == "indexer":
-        flops = sum(2.0 * r.new_tokens * math.ceil(r.context_tokens / tokens_per_entry)
-                    * dims.index_heads * dims.index_head_dim for r in requests)
+        entries = np.ceil(ctx / tokens_per_entry)
+        flops = sum((2.0 * nt * entries * dims.index_heads * dims.index_head_dim).tolist())
         return OpCost("indexer", flops, 0.0, kv_bytes, "fp8")
     if kind == "attention":
-        flops = 0.0
-        for r in requests:
-            entries = math.ceil(r.context_tokens / tokens_per_entry)
-            if layer_kind == "swa":
-                attended = min(dims.window, r.context_tokens)
-            elif layer_kind == "c128":
-                attended = entries + min(dims.window, r.context_tokens)
-            else:                       # indexer layers: the top-k budget (plus the window on V4)
-                attended = min(dims.index_topk, entries) + min(dims.window, r.context_tokens)
-            flops += 2.0 * r.new_tokens * attended * dims.heads * (dims.qk_head_dim + dims.v_head_dim) / tp
+        entries = np.ceil(ctx / tokens_per_entry).astype(np.int64)
+        windowed = np.minimum(dims.window, ctx)
+        if layer_kind == "swa":
+            attended = windowed
+        elif layer_kind == "c128":
+            attended = entries + windowed
+        else:                       # indexer layers: the top-k budget (plus the window on V4)
+            attended = np.minimum(dims.index_topk, entries) + windowed
+        flops = seq_sum(2.0 * nt * attended * dims.heads * (dims.qk_head_dim + dims.v_head_dim) / tp) + 0.0
         return OpCost("attention", flops, 0.0, kv_bytes, "bf16")
     if kind == "ffn":
+        q_total = int(nt.sum())
         return OpCost("ffn", 2.0 * q_total * dims.active_params_per_layer / tp,
                       dims.active_params_per_layer * dims.weight_bytes_per_param / tp, 0.0, "fp8")
     raise InputError("compute", f"expected 'indexer', 'attention' or 'ffn', got {kind!r}")

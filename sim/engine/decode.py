@@ -25,11 +25,11 @@ a compute op on the forward stream between prefill batches.
 from __future__ import annotations
 
 import heapq
-import math
-from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from sim.engine.cost import CostModel, keyed_normal, step_cost
+import numpy as np
+
+from sim.engine.cost import CostModel, keyed_normal, seq_sum, step_cost_of
 from sim.engine.models import ModelFamily
 from sim.errors import InputError, show
 
@@ -37,12 +37,6 @@ __all__ = ["DecodeEngine", "DecodeStepModel", "kv_bytes_per_token"]
 
 #: the key tag of a decode step's jitter (the prefill forwards key theirs by batch number)
 _DECODE_KEY = 1 << 40
-
-
-@dataclass(frozen=True)
-class _R:
-    new_tokens: int
-    context_tokens: int
 
 
 def kv_bytes_per_token(model: ModelFamily, options: Mapping[str, str]) -> float:
@@ -76,15 +70,12 @@ class DecodeStepModel:
             self.kinds[k] = self.kinds.get(k, 0) + 1
             self.first_layer.setdefault(k, i)
 
-    def _kv_bytes(self, role: str, contexts: Sequence[int]) -> int:
+    def _kv_bytes(self, role: str, contexts: np.ndarray) -> int:
         p = self.pools[role]
         per_entry = p.page_bytes / p.entries_per_page
         win = self.model.dims.window
-        total = 0
-        for c in contexts:
-            c = min(c, win) if role == "swa" and win else c
-            total += math.ceil(c / p.tokens_per_entry) * per_entry
-        return int(total)
+        c = np.minimum(contexts, win) if role == "swa" and win else contexts
+        return int(seq_sum(np.ceil(c / p.tokens_per_entry) * per_entry))
 
     def nominal_us(self, contexts: Sequence[int]) -> float:
         """The step's roofline duration without jitter (contexts rounded up to ``QUANTUM``)."""
@@ -98,7 +89,8 @@ class DecodeStepModel:
         return d
 
     def _nominal(self, contexts: Sequence[int]) -> float:
-        reqs = [_R(1, c) for c in contexts]
+        contexts = np.asarray(contexts)
+        ones = np.ones(contexts.size, np.int64)
         dims = self.model.dims
         total = 0.0
         for kind, n in self.kinds.items():
@@ -112,8 +104,8 @@ class DecodeStepModel:
                 ratio = max((self.pools[r].tokens_per_entry for r in roles), default=1)
                 if step.compute == "indexer":
                     ratio = self.pools["index_k"].tokens_per_entry
-                us += self.cost.nominal_us(step_cost(step.compute, dims, kind, reqs, kv, self.tp, ratio))
-            us += self.cost.nominal_us(step_cost("ffn", dims, kind, reqs, 0, self.tp))
+                us += self.cost.nominal_us(step_cost_of(step.compute, dims, kind, ones, contexts, kv, self.tp, ratio))
+            us += self.cost.nominal_us(step_cost_of("ffn", dims, kind, ones, contexts, 0, self.tp))
             total += n * us
         return total
 
