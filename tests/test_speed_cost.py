@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.engine.cost import CostModel, OpCost, seq_sum, step_cost, step_cost_of
+from sim.engine import decode
 from sim.engine.decode import DecodeStepModel
 from sim.engine.models import model
 from sim.profile import load_profile
@@ -81,49 +82,37 @@ def test_seq_sum_adds_left_to_right(xs):
 
 
 class _DecodeBefore(DecodeStepModel):
-    """The decode step model with its KV bytes and nominal duration as they were (loops)."""
+    """The decode step model with its KV bytes as they were (a loop over the contexts)."""
 
     def _kv_bytes(self, role, contexts):
         p = self.pools[role]
         per_entry = p.page_bytes / p.entries_per_page
         win = self.model.dims.window
         total = 0
-        for c in contexts:
+        for c in contexts.tolist():
             c = min(c, win) if role == "swa" and win else c
             total += math.ceil(c / p.tokens_per_entry) * per_entry
         return int(total)
 
-    def _nominal(self, contexts):
-        reqs = [_R(1, c) for c in contexts]
-        dims = self.model.dims
-        total = 0.0
-        for kind, n in self.kinds.items():
-            us = 0.0
-            for step in self.model.layer_steps(self.first_layer[kind], "decode", self.options):
-                if not step.compute:
-                    continue
-                roles = [r for r in step.roles if r in self.pools]
-                kv = sum(self._kv_bytes(r, contexts) for r in roles)
-                ratio = max((self.pools[r].tokens_per_entry for r in roles), default=1)
-                if step.compute == "indexer":
-                    ratio = self.pools["index_k"].tokens_per_entry
-                us += self.cost.nominal_us(step_cost_before(step.compute, dims, kind, reqs, kv, self.tp, ratio))
-            us += self.cost.nominal_us(step_cost_before("ffn", dims, kind, reqs, 0, self.tp))
-            total += n * us
-        return total
+
+def _step_cost_of_before(kind, dims, layer_kind, new_tokens, context_tokens, kv_bytes, tp=1, tokens_per_entry=1):
+    return step_cost_before(kind, dims, layer_kind, [_R(n, c) for n, c in zip(np.asarray(new_tokens).tolist(),
+                                                                              np.asarray(context_tokens).tolist())],
+                            kv_bytes, tp, tokens_per_entry)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tp", [1, 4])
-def test_decode_step_durations_equal_the_loops(family, tp):
+def test_decode_step_durations_equal_the_loops(family, tp, monkeypatch):
     fam = model(family)
     opts = {"index_k_dtype": "fp8", "index_k_store": "fallback", "indexer_path": "cuda"} if family == "dsa-v3.2" \
         else {"index_k_dtype": "bf16"}
     cost = CostModel.from_profile(load_profile("h200"), 3)
     new, old = DecodeStepModel(fam, cost, opts, tp), _DecodeBefore(fam, cost, opts, tp)
     rng = np.random.default_rng(tp)
-    for step in range(60):
-        ctx = rng.integers(1, rng.choice([300, 5000, 200_000]), int(rng.integers(1, 90))).tolist()
-        assert repr(new.step_us(ctx, step)) == repr(old.step_us(ctx, step))
-        for role in new.pools:
-            assert new._kv_bytes(role, np.array(ctx)) == old._kv_bytes(role, ctx)
+    cases = [rng.integers(1, rng.choice([300, 5000, 200_000]), int(rng.integers(1, 90))).tolist() for _ in range(60)]
+    got = [repr(new.step_us(ctx, step)) for step, ctx in enumerate(cases)]
+    kv = [[new._kv_bytes(role, np.array(ctx)) for role in new.pools] for ctx in cases]
+    monkeypatch.setattr(decode, "step_cost_of", _step_cost_of_before)
+    assert got == [repr(old.step_us(ctx, step)) for step, ctx in enumerate(cases)]
+    assert kv == [[old._kv_bytes(role, np.array(ctx)) for role in old.pools] for ctx in cases]
