@@ -154,7 +154,8 @@ def test_writes_join_runs_across_block_boundaries(blocks, seed):
             for k in rng.permutation(len(chunks)).tolist():
                 a, e = chunks[k]
                 if how == "fill":
-                    b.fill(np.array([a], np.int64), np.array([e - a], np.int64), ORIGINS[1], np.array([a + UNIT], np.int64))
+                    b.fill(np.array([a], np.int64), np.array([e - a], np.int64), ORIGINS[1],
+                           np.array([a + UNIT], np.int64))
                 else:
                     b.copy_from(src, np.array([a], np.int64), np.array([a], np.int64), np.array([e - a], np.int64))
                 check_coalesced(b)

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.cost import CostModel, OpCost, seq_sum, step_cost, step_cost_of
 from sim.engine import decode
+from sim.engine.cost import CostModel, OpCost, seq_sum, step_cost, step_cost_of
 from sim.engine.decode import DecodeStepModel
 from sim.engine.models import model
 from sim.profile import load_profile
