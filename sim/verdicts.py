@@ -41,7 +41,7 @@ import hashlib
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.bytes.describe import describe
 from sim.errors import InputError
 from sim.executor import ReadCapture, RunResult, run_reference

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.bytes.compact as compact
+from sim.arrays import unique_sorted
 from sim.bytes.compact import CompactBuffer, OriginTable, pattern_runs, pattern_runs_of
 from sim.bytes.pattern import Origin, pattern_bytes
 
@@ -51,5 +52,5 @@ def test_materialise_of_a_pool_and_its_digest():
 @given(st.lists(st.integers(-5, 5), max_size=30))
 def test_unique_sorted_equals_np_unique(xs):
     a = np.array(xs, dtype=np.int64)
-    got, want = compact.unique_sorted(a), np.unique(a)
+    got, want = unique_sorted(a), np.unique(a)
     assert got.dtype == want.dtype and np.array_equal(got, want)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.arrays import unique_sorted
 from sim.bytes.pattern import _K, _M1, _M2, Origin, _check16, _fmix32
 from sim.errors import InputError
 
@@ -161,20 +162,6 @@ def extents(where: str, lengths, *pairs):
     if keep.all():
         return (np.ascontiguousarray(lengths), *[np.ascontiguousarray(a) for a in arrays])
     return (lengths[keep], *[a[keep] for a in arrays])
-
-
-def unique_sorted(a) -> np.ndarray:
-    """``np.unique(a)`` of a 1-d array (sorted distinct values), by one sort.
-
-    NOTE: ``np.unique``'s plain path (no ``return_*``) is a hash table in numpy 2.4, about 1 us
-    an element: 250 ms for 300k int64 slots, where the sort takes 6 ms (numpy 2.4.6, this
-    project's VM); a forward's slots of every request go through here.  It also imports
-    ``numpy.ma`` on its first call (about 0.08 CPU s once per process)."""
-    a = np.sort(np.asarray(a).reshape(-1))
-    keep = np.empty(a.size, bool)
-    keep[:1] = True
-    np.not_equal(a[1:], a[:-1], out=keep[1:])
-    return a[keep]
 
 
 def _starts_of(counts: np.ndarray) -> np.ndarray:

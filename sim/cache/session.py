@@ -35,7 +35,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.bytes.describe import describe
 from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCacheController
 from sim.cache.ranks import RankedHost, rank_header

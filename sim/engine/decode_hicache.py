@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import CacheSession

@@ -53,7 +53,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.ranks import rank_name

@@ -44,7 +44,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.engine.cost import CostModel, mix64_array, step_cost
 from sim.engine.gates import READERS, GateMap
 from sim.engine.models import ModelFamily, resolve_options

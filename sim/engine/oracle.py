@@ -56,7 +56,7 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.engine.workload import TokenSource, tokens
 from sim.errors import InputError
 from sim.pools.layouts import PagedLayout

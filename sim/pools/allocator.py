@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.bytes.compact import unique_sorted
+from sim.arrays import unique_sorted
 from sim.errors import InputError, show
 
 __all__ = [
