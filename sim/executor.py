@@ -74,7 +74,7 @@ from sim.transfers.routines import check_bounds
 from sim.transfers.timing import bytes_done, item_times
 
 __all__ = ["Host", "HostProgram", "ReadCapture", "RunResult", "TieBreak", "run_programs", "run_reference",
-           "run_schedule"]
+           "run_schedule", "run_static"]
 
 HostProgram = Callable[["Host"], Generator]
 
@@ -905,11 +905,19 @@ def run_schedule(schedule: Schedule, profile: Profile, *, keep: str = "all", **k
     ``keep="report"`` computes the verdicts while running and keeps only what the
     report needs (``sim.verdicts.OnlineVerdicts``; ``race_limit`` races listed),
     ``keep="all"`` (default) keeps every read, timing and item landing time."""
+    ex = Executor(schedule.buffers, schedule.streams, profile, keep=keep, hosts=schedule.hosts,
+                  static_ops=schedule.ops, **kw)
+    return run_static(ex, schedule)
+
+
+def run_static(ex: Executor, schedule: Schedule) -> RunResult:
+    """Run ``schedule`` on ``ex`` (an :class:`Executor` made for it, with ``static_ops``):
+    each host issues its own ops in list order.  :func:`run_schedule` is this with a fresh
+    executor; a caller that sets the executor up first (a read hook on its verdicts) calls
+    it directly."""
     by_host: dict[str, list] = {h: [] for h in schedule.hosts}
     for op in schedule.ops:
         by_host[op.host].append(op)
-    ex = Executor(schedule.buffers, schedule.streams, profile, keep=keep, hosts=schedule.hosts,
-                  static_ops=schedule.ops, **kw)
     several = sum(1 for ops in by_host.values() if ops) > 1
     return ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, schedule)
 

@@ -111,13 +111,9 @@ def both_ways(cls, switch: str, fn, *args):
 def stream_static(s, profile, *, on_read=None, digests: bool = True, **kw):
     """``run_schedule(s, profile, keep="report", **kw)`` with ``on_read`` handed to the run's
     verdicts before it starts (``OnlineVerdicts.on_read(on_read, digests=digests)``): the run."""
-    from sim.executor import Executor, _static_program
+    from sim.executor import Executor, run_static
 
-    by_host: dict = {h: [] for h in s.hosts}
-    for op in s.ops:
-        by_host[op.host].append(op)
     ex = Executor(s.buffers, s.streams, profile, keep="report", hosts=s.hosts, static_ops=s.ops, **kw)
     if on_read is not None:
         ex.online.on_read(on_read, digests=digests)
-    several = sum(1 for ops in by_host.values() if ops) > 1
-    return ex.run({h: _static_program(ops, several) for h, ops in by_host.items()}, s)
+    return run_static(ex, s)

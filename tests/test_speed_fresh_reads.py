@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.executor import Executor, _static_program
+from sim.executor import Executor, run_static
 from sim.schedule import validate
 from sim.testing import kv_schedules, load_forward_programs
 from sim.verdicts import OnlineVerdicts, analyse, read_digest
@@ -132,7 +132,7 @@ def test_a_fresh_read_hands_its_own_views_as_expected():
     ex = Executor(s.buffers, s.streams, P, keep="report", hosts=s.hosts, static_ops=s.ops)
     seen = []
     ex.online.on_read(lambda cap, views, entry: seen.append((cap, views, entry)))
-    ex.run({"host": _static_program(s.ops, False)}, s)
+    run_static(ex, s)
     [(cap, views, entry)] = seen
     assert entry["status"] == "ok" and views is cap.views
     assert entry["provenance_sha256"] == entry["expected_provenance_sha256"] == read_digest(cap)

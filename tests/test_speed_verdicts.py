@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.errors import InputError
-from sim.executor import Executor, _static_program
+from sim.executor import Executor, run_static
 from sim.schedule import validate
 from sim.verdicts import analyse
 from tests.helpers import profile, stream_static
@@ -52,7 +52,7 @@ def test_on_read_refuses_a_non_callable_and_can_be_unset():
         ex.online.on_read(3)
     ex.online.on_read(print)
     ex.online.on_read(None)
-    run = ex.run({"host": _static_program(s.ops, False)}, s)
+    run = run_static(ex, s)
     assert [r["op"] for r in run.online.reads] == ["r"]
 
 
