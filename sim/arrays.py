@@ -2,13 +2,16 @@
 
 :func:`unique_sorted` is ``np.unique`` of a 1-d array without numpy 2.4's slow hash path; the
 byte model, the verdicts, the allocator, the cache session and the engine take the distinct
-values of their slot, page and block sets through it.
+values of their slot, page and block sets through it.  :func:`plain_ints` is the fast test of
+an index list's element types that input validation runs before its per-element loop.
 """
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["unique_sorted"]
+__all__ = ["plain_ints", "unique_sorted"]
+
+_INT_ONLY = frozenset({int})
 
 
 def unique_sorted(a) -> np.ndarray:
@@ -23,3 +26,14 @@ def unique_sorted(a) -> np.ndarray:
     keep[:1] = True
     np.not_equal(a[1:], a[:-1], out=keep[1:])
     return a[keep]
+
+
+def plain_ints(seq) -> bool:
+    """True when every element of ``seq`` (any iterable; True when empty) is exactly an
+    ``int``: no bool, no other integer or number type.  Validation takes its vectorised path
+    then, and its per-element loop (which names the bad element) otherwise.
+
+    NOTE: the types are collected by a C loop (``set(map(type, seq))``), about 15 ns an element;
+    ``all(type(x) is int for x in seq)`` runs a Python generator, several times that: 2-3 % of
+    an engine run, over its copies' index lists."""
+    return set(map(type, seq)) <= _INT_ONLY

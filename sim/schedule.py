@@ -70,6 +70,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.arrays import plain_ints
 from sim.bytes.pattern import MAX_UNIT_BYTES
 from sim.errors import MAX_NAME_CHARS, InputError, check_keys, show
 from sim.pools.layouts import PagedLayout, layout_from_json
@@ -410,7 +411,7 @@ def _int_list(v, where: str, lo: int = INT_MIN, hi: int = INT_MAX) -> np.ndarray
         raise InputError(where, f"expected at most {MAX_INDICES} (MAX_INDICES) indices, got {len(v)}")
     if not v:
         return np.zeros(0, dtype=np.int64)
-    if not all(type(x) is int for x in v) or min(v) < lo or max(v) > hi:
+    if not plain_ints(v) or min(v) < lo or max(v) > hi:
         for k, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, int):
                 raise InputError(f"{where}[{k}]", f"expected an integer, got {show(x)}")
@@ -574,11 +575,11 @@ def _plain_ranges(r: list, nbytes: int):
     (the buffer's): what ``_selection``'s loop accepts and returns for it; None for anything
     else, and for short lists (the loop then accepts it or names the first bad pair).
 
-    NOTE: the types are tested by C loops (``set(map(type, ...))``), the bounds on int64 arrays:
-    an engine's read of a whole context has hundreds to thousands of pairs, where the loop cost
-    about 1 us a pair."""
+    NOTE: the types are tested by C loops (``set(map(...))``, :func:`plain_ints`), the bounds on
+    int64 arrays: an engine's read of a whole context has hundreds to thousands of pairs, where
+    the loop cost about 1 us a pair."""
     if len(r) < PLAIN_RANGES_MIN or set(map(type, r)) != {list} or set(map(len, r)) != {2} \
-            or set(map(type, itertools.chain.from_iterable(r))) != {int}:
+            or not plain_ints(itertools.chain.from_iterable(r)):
         return None
     try:
         arr = np.array(r, np.int64)
@@ -648,7 +649,7 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
         memo_key = None
         if type(v) is list and len(v) <= SELECTION_MEMO_UNITS:
             t = tuple(v)
-            if all(type(x) is int for x in t):
+            if plain_ints(t):
                 tok = _layout_token(lay)
                 memo_key = None if tok is None else (tok, layer, t)
         got = _SELECTIONS.get(memo_key) if memo_key is not None else None
@@ -720,10 +721,12 @@ class ScheduleBuilder:
 
     ``max_ops`` bounds a document (MAX_OPS) and, with it, the document totals
     (MAX_TOTAL_INDICES, MAX_READ_EXTENTS, MAX_READ_BYTES); host programs pass ``None``
-    and are bounded per op only.
+    and are bounded per op only.  ``keep_ops=False``: the ops are validated, not kept
+    (a ``keep="report"`` run), and the schedule's digest is hashed as they are added, unless
+    ``digest=False`` (then :meth:`digest` is None).
     """
 
-    def __init__(self, doc: Any, *, max_ops: int | None = MAX_OPS, keep_ops: bool = True):
+    def __init__(self, doc: Any, *, max_ops: int | None = MAX_OPS, keep_ops: bool = True, digest: bool = True):
         if not (isinstance(doc, dict)):
             raise InputError("", f"a schedule must be a JSON object, got {type(doc).__name__}")
         version = doc.get("kvrace_schedule")
@@ -780,7 +783,9 @@ class ScheduleBuilder:
         self.count = 0                        # ops added
         self.unbound: list[dict] = []
         self._ids = set() if keep_ops else _IdSet()
-        self._digest = None if keep_ops else _DigestStream(self.doc, self.hosts)
+        # NOTE: without kept ops the digest is hashed as ops are added (2-3 % of an engine run,
+        # the ops' canonical JSON); ``digest=False`` skips it for a run that reports none
+        self._digest = None if keep_ops or not digest else _DigestStream(self.doc, self.hosts)
         self._last_record: dict[str, int] = {}
         self._last_on_stream: dict[str, int] = {}
         self._barriers: dict[str, dict] = {}     # instance -> {"hosts": tuple, "arrived": set}
@@ -859,7 +864,7 @@ class ScheduleBuilder:
         self.count += 1
         if self.keep_ops:
             self.ops.append(op)
-        else:
+        elif self._digest is not None:
             self._digest.add(op)
         return op
 
@@ -1036,10 +1041,12 @@ class ScheduleBuilder:
                                  "the hosts waiting at it would block forever (deadlock)")
         return self
 
-    def digest(self) -> str:
+    def digest(self) -> str | None:
         """The digest of the schedule built so far (``Schedule.digest``), also when ops
-        are not kept."""
-        return self.schedule().digest() if self.keep_ops else self._digest.hexdigest()
+        are not kept; None for a builder made with ``keep_ops=False, digest=False``."""
+        if self.keep_ops:
+            return self.schedule().digest()
+        return None if self._digest is None else self._digest.hexdigest()
 
     def schedule(self) -> Schedule:
         """The schedule built so far (without ``keep_ops``: its header, no ops)."""

@@ -103,6 +103,17 @@ def test_session_read_sink_sees_every_read_once_with_its_verdict():
     run = s.finish()
     assert [x[0] for x in seen] == ids and all(x[1] == x[2] >= 1 and x[3] == "ok" for x in seen)
     assert run.online is not None and run.digest and run.online.reads == []
+    # digest=False: the same run, no digest hashed (the engine's sessions)
+    s2 = CacheSession({"model": "mla", "layers": 2, "device_tokens": 64, "keep": "report", "digest": False})
+    seen2 = []
+    s2.set_read_sink(lambda cap, exp, entry: seen2.append(entry["status"]))
+    slots = s2.allocator.alloc(8)
+    s2.store_kv(slots, owner=1)
+    [s2.read(name, 0, slots) for name in s2.roles]
+    s2.wait_idle()
+    assert s2.finish().digest is None and seen2 == ["ok"] * len(s2.roles)
+    with pytest.raises(InputError, match="config.digest"):
+        CacheSession({"model": "mla", "layers": 2, "device_tokens": 64, "digest": "no"})
     with pytest.raises(InputError, match="keep"):
         _session("all").set_read_sink(print)
     with pytest.raises(InputError, match="config.keep"):

@@ -233,6 +233,12 @@ def test_streamed_digest_and_id_set_match_a_kept_schedule():
         streamed.add(dict(d))
     assert streamed.digest() == kept.digest() == kept.schedule().digest()
     assert streamed.count == 700 and streamed.ops == []
+    unhashed = ScheduleBuilder(dict(doc), max_ops=None, keep_ops=False, digest=False)
+    for d in ops:
+        unhashed.add(dict(d))
+    assert unhashed.digest() is None and unhashed.count == 700
+    # a kept schedule's digest is always computed from its ops
+    assert ScheduleBuilder(dict(doc), max_ops=None, digest=False).digest() == ScheduleBuilder(dict(doc)).digest()
     with pytest.raises(InputError, match="duplicate op id"):
         streamed.add({"op": "compute", "stream": STREAMS[0], "duration_us": 1.0, "id": "op3"})
     with pytest.raises(InputError, match="duplicate op id"):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sim.bytes.compact as compact
-from sim.arrays import unique_sorted
+from sim.arrays import plain_ints, unique_sorted
 from sim.bytes.compact import CompactBuffer, OriginTable, pattern_runs, pattern_runs_of
 from sim.bytes.pattern import Origin, pattern_bytes
 
@@ -54,3 +54,15 @@ def test_unique_sorted_equals_np_unique(xs):
     a = np.array(xs, dtype=np.int64)
     got, want = unique_sorted(a), np.unique(a)
     assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+class _Int(int):
+    pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.integers(-(1 << 70), 1 << 70), st.booleans(), st.floats(allow_nan=False),
+                          st.integers(0, 9).map(_Int), st.just(None)), max_size=12))
+def test_plain_ints_equals_the_generator_it_replaced(xs):
+    assert plain_ints(xs) == all(type(x) is int for x in xs)
+    assert plain_ints(iter(xs)) == all(type(x) is int for x in xs)

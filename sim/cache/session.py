@@ -120,6 +120,9 @@ class SessionConfig:
       windows, traces, Snapshots); ``"report"``: live state only, the verdicts computed while the
       run runs (``sim.verdicts.OnlineVerdicts``), every latent race listed; with a read sink
       (:meth:`CacheSession.set_read_sink`) not even the per-read entries are kept.
+    * ``digest`` (True): ``keep="report"`` only: hash the ops as they are issued, so that
+      ``RunResult.digest`` is the recorded schedule's digest; False leaves it None (a run that
+      reports no digest, like the engine's, saves the ops' canonical JSON).
     * ``ranks`` (1): TP ranks simulated in lockstep (:mod:`sim.cache.ranks`): one tree and
       allocator, and per rank its own device and host buffers, streams, events and link
       (rank ``r`` on device ``r``, names suffixed ``@r``); every op the session and its
@@ -153,6 +156,7 @@ class SessionConfig:
     host_lock_during_load: bool = True
     backup_pools: frozenset | None = None
     keep: str = "all"
+    digest: bool = True
     ranks: int = 1
 
     @classmethod
@@ -194,7 +198,7 @@ class SessionConfig:
         need(self.io_backend in IO_BACKENDS, "io_backend", f"one of {list(IO_BACKENDS)}")
         need(self.write_policy in WRITE_POLICIES, "write_policy", f"one of {list(WRITE_POLICIES)}")
         need(is_int(self.load_back_threshold), "load_back_threshold", "an integer >= 0")
-        for key in ("overlap", "load_fence", "materialise"):
+        for key in ("overlap", "load_fence", "materialise", "digest"):
             need(isinstance(getattr(self, key), bool), key, "true or false")
         need(is_int(self.write_event_pool, 1), "write_event_pool", "an integer >= 1")
         need(is_int(self.batch_events), "batch_events", "an integer >= 0")
@@ -300,7 +304,7 @@ class CacheSession:
         #: the run's header: rank 0's buffers, streams and events, then each further rank's
         self.header = rank_header(header, cfg.ranks)
         report = cfg.keep == "report"
-        builder = ScheduleBuilder(self.header, max_ops=None, keep_ops=not report)
+        builder = ScheduleBuilder(self.header, max_ops=None, keep_ops=not report, digest=cfg.digest)
         extra = dict(keep="report", hosts=builder.hosts, race_limit=None) if report else {}
         self._ex = Executor(builder.buffers, builder.streams, load_profile(cfg.profile), builder=builder,
                             seed=cfg.seed, ties=TieBreak(cfg.ties, seed=cfg.seed), materialise=cfg.materialise,

@@ -389,13 +389,15 @@ class PrefillEngine:
     # ---------------------------------------------------------------- one request
     def _session(self, sc, smodel: str, device_tokens: int, materialise: bool, switches: dict) -> CacheSession:
         cfg = self.config
+        # NOTE: digest=False: an EngineResult carries no schedule digest, so the ops' canonical
+        # JSON is not hashed as they are issued
         return CacheSession(
             model=smodel, layers=self.model.n_layers, page_size=sc.hicache.page_size,
             device_tokens=device_tokens, hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb),
             layout=sc.hicache.layout, io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, keep=self.keep,
+            seed=self.seed, materialise=materialise, keep=self.keep, digest=False,
             batch_events=len(_OVERLAP_EVENTS) if sc.scheduler.event_loop == "overlap" else 0,
             ranks=sc.deployment.simulated_ranks, **switches)
 
@@ -1083,7 +1085,7 @@ class PrefillEngine:
             io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, keep="report", **switches)
+            seed=self.seed, materialise=materialise, keep="report", digest=False, **switches)
         # NOTE: the driver holds each request in flight until its turn completes, which is after
         # the decode side has finished with it
         return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests, transfer_gbps=profile.h2d_gbps,

@@ -37,6 +37,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from sim.arrays import plain_ints
 from sim.errors import InputError, check_keys, show
 from sim.pools.layouts import DSA_PAGE_SIZE, HostLayout, PagedLayout
 
@@ -220,7 +221,7 @@ def _indices(v: Any, where: str) -> np.ndarray:
         return v.astype(np.int64)
     if not isinstance(v, (list, tuple)):
         raise InputError(where, f"expected a list of integers, got {type(v).__name__}")
-    if all(type(x) is int for x in v):
+    if plain_ints(v):
         # NOTE: the common case (the cache's index lists) checked in one pass; bools, other
         # number types and values outside int64 take the loop below, which names the element.
         try:
