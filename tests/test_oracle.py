@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sim.engine import PrefillEngine
-from sim.engine.oracle import KVOracle, content_key
+from sim.engine.oracle import ContentKeys, KVOracle, content_key
 from sim.engine.scenario import load_scenario
 from sim.engine.workload import Request, TokenSource
 from sim.pools.layouts import PagedLayout
@@ -83,3 +85,36 @@ def test_packed_and_row_wise_dedup_agree(dsa_runs, monkeypatch):
     packed = dsa_runs["upstream-0.5.10"]
     assert r.requests_wrong_kv == packed.requests_wrong_kv > 0
     assert [c["wrong_kv_requests"] for c in r.corrupted_reads] == [c["wrong_kv_requests"] for c in packed.corrupted_reads]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["c4", "idx"]), st.integers(0, 6),
+                          st.lists(st.integers(0, 40), min_size=1, max_size=8, unique=True)), max_size=14),
+       st.lists(st.tuples(st.sampled_from(["c4", "idx", "swa"]), st.integers(-2, 8), st.integers(-1, 42)),
+                max_size=30))
+def test_content_keys_equal_the_dict_they_replaced(files, probes):
+    """Stores filed in any order (the engine's come in increasing order; several requests of one
+    store refile units, the later id standing), looked up one by one and all at once."""
+    ck, ref = ContentKeys(), {}
+    for n, (kind, store, units) in enumerate(files):
+        units = sorted(units)
+        ids = [100 * n + u for u in units]
+        ck.file(kind, store, np.array(units), np.array(ids))
+        ref.update({(kind, store, u): i for u, i in zip(units, ids)})
+    assert len(ck) == len(ref)
+    for kind, store, unit in probes:
+        assert ck.get((kind, store, unit)) == ref.get((kind, store, unit))
+    for kind in ("c4", "idx", "swa"):
+        got = ck.lookup(kind, np.array([p[1] for p in probes], np.int64), np.array([p[2] for p in probes], np.int64))
+        assert got.tolist() == [ref.get((kind, s, u), -1) for _, s, u in probes]
+
+
+def test_record_store_files_each_unit_under_its_last_completed_entry():
+    lay = PagedLayout("c4", 1, 8, 64 * 16, 64)
+    o = KVOracle({"c4": ("c4buf", lay)}, {"c4buf": "c4"}, {"c4": 4})
+    r = req(3, s0=300)
+    # entries of pages 1, 0, 1 (out of order) completed at these positions
+    o.record_store(r, 7, {"c4": np.array([70, 3, 65])}, {"c4": np.array([1500, 400, 1300])})
+    assert o.content.get(("c4", 7, 0)) == o._key_id(content_key(r, 401))
+    assert o.content.get(("c4", 7, 1)) == o._key_id(content_key(r, 1501))
+    assert o.content.get(("c4", 7, 2)) is None and o.content.get(("c4", 6, 0)) is None
