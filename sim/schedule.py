@@ -44,6 +44,8 @@ JSON shape (``kvrace_schedule`` is the format version; 1 still loads: one host):
              {"op": "host_query", "event", "outcome": true|false},
              {"op": "barrier", "barrier": "tp_step_3", "hosts": ["rank0", "rank1"]}]}
 
+A host program may give a read's ``ranges`` as an ``(n, 2)`` integer numpy array (the engine's
+forward does): it is checked by the same rules and recorded as the list it stands for.
 Every op may carry an ``id`` (default ``op<index>``) and a ``host``.  A ``compute`` op's
 ``jitter`` (default true) lets the executor multiply its duration by the profile's seeded
 jitter; false takes the duration as given (the engine's forward issues its compute ops
@@ -593,6 +595,35 @@ def _plain_ranges(r: list, nbytes: int):
     return o.copy(), n.copy(), total
 
 
+def _array_ranges(r: np.ndarray, nbytes: int, where: str):
+    """``(starts, lengths, total bytes)`` of a ``ranges`` given as an ``(n, 2)`` integer
+    array (a host program's read), by the rules the list form is checked by, the first bad
+    pair named as the list's loop names it."""
+    if not (r.ndim == 2 and r.shape[1] == 2 and r.dtype.kind in "iu"):
+        raise InputError(where, f"expected an (n, 2) integer array of [offset, nbytes] pairs, got an array of "
+                                f"dtype {r.dtype} and shape {r.shape}")
+    if not (0 < len(r) <= MAX_INDICES):
+        raise InputError(where, f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
+    if r.dtype.kind == "u" and int(r.max()) > INT_MAX:
+        k = int(np.flatnonzero((r > INT_MAX).any(axis=1))[0])
+        raise InputError(f"{where}[{k}]", f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {nbytes} "
+                                          f"(the buffer's size), got {show(r[k].tolist())}")
+    o, n = r[:, 0].astype(np.int64), r[:, 1].astype(np.int64)
+    bad = (o < 0) | (n <= 0) | (n > nbytes - o)
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise InputError(f"{where}[{k}]", f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {nbytes} "
+                                          f"(the buffer's size), got {show(r[k].tolist())}")
+    total = int(n.sum()) if nbytes * len(r) < (1 << 63) else sum(n.tolist())
+    return o, n, total
+
+
+def _recordable(d: dict) -> dict:
+    """``d`` as its document records it: a ``ranges`` array as the list it stands for."""
+    r = d.get("ranges")
+    return {**d, "ranges": r.tolist()} if isinstance(r, np.ndarray) else d
+
+
 def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_ranges: bool):
     if "units" in d and "tokens" not in d and "ranges" not in d:
         key = "units"               # the common case, decided without building the key list
@@ -607,6 +638,11 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
     lay = buf.layout
     is_read = allow_ranges
     if key == "ranges":
+        r = d["ranges"]
+        if isinstance(r, np.ndarray):
+            got = _array_ranges(r, buf.nbytes, f"{where}.ranges")
+            totals.add_read(len(r), got[2], f"{where}.ranges")
+            return None, None, got[:2]
         r = _get(d, "ranges", where, list)
         if not (0 < len(r) <= MAX_INDICES):
             raise InputError(f"{where}.ranges",
@@ -860,6 +896,8 @@ class ScheduleBuilder:
             self._resolve = None
         if op.stream is not None:
             self._last_on_stream[op.stream] = i
+        if kind == "read" and (self.keep_ops or self._digest is not None):
+            op.raw = _recordable(d)
         self._ids.add(op_id)
         self.count += 1
         if self.keep_ops:

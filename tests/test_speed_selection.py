@@ -255,3 +255,55 @@ def test_long_range_lists_take_the_plain_path_with_the_same_outcome():
     # a total past int64 (each length <= the buffer): summed as Python ints
     r = [[0, 1 << 50]] * 8193
     assert schedule._plain_ranges(r, 1 << 50)[2] == 8193 << 50
+
+
+@SETTINGS
+@given(st.data())
+def test_range_arrays_equal_the_lists_they_stand_for(data):
+    """A host program's ``ranges`` as an ``(n, 2)`` integer array (the engine's forward) gives
+    what the list of its pairs gives: the same extents and totals, or the same error message,
+    for good pairs, pairs out of bounds by one and every dtype of integers; other arrays (a
+    wrong shape or dtype, empty) are refused with a message naming the key."""
+    buf = _buffers()[data.draw(st.sampled_from(sorted(_buffers())))]
+    nb = buf.nbytes
+    value = st.sampled_from([0, 1, 8, nb - 1, nb, nb + 1, -1, 2 ** 40])
+    pairs = data.draw(st.lists(st.lists(value, min_size=2, max_size=2), min_size=1, max_size=40))
+    dtype = data.draw(st.sampled_from([np.int64, np.int32, np.uint64, np.uint32]))
+    info = np.iinfo(dtype)
+    if any(not info.min <= x <= info.max for p in pairs for x in p):
+        return
+    arr = np.array(pairs, dtype)
+    # what the list of the array's values gives (a uint array holds no negative pair)
+    want = _outcome(_selection_before, {"ranges": arr.tolist()}, buf, True)
+    assert _outcome(schedule._selection, {"ranges": arr}, buf, True) == want
+
+
+def test_range_arrays_of_another_shape_or_dtype_are_refused_by_name():
+    buf = next(iter(_buffers().values()))
+    for bad in (np.zeros((3,), np.int64), np.zeros((2, 3), np.int64), np.zeros((0, 2), np.int64),
+                np.ones((2, 2), np.float64), np.ones((2, 2), bool)):
+        with pytest.raises(InputError) as ei:
+            schedule._selection({"ranges": bad}, "ops[0]", buf, _Totals(), allow_ranges=True)
+        assert ei.value.where == "ops[0].ranges", bad
+    huge = np.array([[0, 8], [2 ** 63, 1]], np.uint64)
+    with pytest.raises(InputError) as ei:
+        schedule._selection({"ranges": huge}, "ops[0]", buf, _Totals(), allow_ranges=True)
+    assert ei.value.where == "ops[0].ranges[1]"
+
+
+def test_a_read_issued_with_range_arrays_records_the_list():
+    """The recorded schedule (and its digest) of a read issued with an array is the one its list
+    gives; a keep='report' builder without a digest keeps the array (nothing records it)."""
+    doc = {"kvrace_schedule": 2, "name": "sel", "buffers": base_buffers(), "streams": ["s0"], "events": [],
+           "ops": []}
+    name = validate(doc).buffers and sorted(validate(doc).buffers)[0]
+    pairs = [[0, 8], [16, 4]]
+    as_list, as_array = schedule.ScheduleBuilder(dict(doc)), schedule.ScheduleBuilder(dict(doc))
+    streamed = schedule.ScheduleBuilder(dict(doc), max_ops=None, keep_ops=False)
+    bare = schedule.ScheduleBuilder(dict(doc), max_ops=None, keep_ops=False, digest=False)
+    as_list.add({"op": "read", "stream": "s0", "buffer": name, "ranges": pairs})
+    for b in (as_array, streamed, bare):
+        op = b.add({"op": "read", "stream": "s0", "buffer": name, "ranges": np.array(pairs)})
+    assert as_array.ops[0].raw["ranges"] == pairs and type(as_array.ops[0].raw["ranges"]) is list
+    assert as_array.digest() == streamed.digest() == as_list.digest()
+    assert isinstance(op.raw["ranges"], np.ndarray)
