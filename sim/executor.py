@@ -858,8 +858,10 @@ class Executor:
         n_copy = np.minimum(c.copy_len[sl], done_b)
         f0, f1 = c.fill_start[sl], np.minimum(c.fill_end[sl], done_b)
         s, d = c.src[sl], c.dst[sl]
-        for view, o, n in zip(views, offs, lens):
-            lo, hi = int(o), int(o + n)
+        offs, lens = np.asarray(offs, np.int64), np.asarray(lens, np.int64)
+        met = _extents_met(offs, offs + lens, (d, d + f0), (d + n_copy, d + f1))
+        for j in np.flatnonzero(met).tolist():
+            view, lo, hi = views[j], int(offs[j]), int(offs[j] + lens[j])
             # copied part, intersected with this read extent
             a = np.maximum(d, lo)
             b = np.minimum(d + n_copy, hi)
@@ -875,6 +877,25 @@ class Executor:
                 self.mem.overlay_fill(view, oob_origin(cp.op.src), a[m], (b - a)[m],
                                       s[m] + (a[m] - d[m]) - c.src_nbytes)
         return hit
+
+
+def _extents_met(lo: np.ndarray, hi: np.ndarray, starts: tuple, ends: tuple, pairs: int = 1 << 20) -> np.ndarray:
+    """Per extent ``[lo[j], hi[j])``: does any interval ``[starts[k][i], ends[k][i])`` (several
+    arrays of intervals, empty ones included) share a byte with it?  (What the per-extent
+    test ``min(end, hi) > max(start, lo)`` finds, for every extent at once.)
+
+    NOTE: a read beside a copy into other pages of its buffer (a forward during a load-back)
+    has thousands of extents and a few items in flight, none in the read: tested in chunks of
+    extents, about ``pairs`` (item, extent) pairs at once."""
+    a, b = np.concatenate(starts), np.concatenate(ends)
+    met = np.zeros(lo.size, bool)
+    if not a.size:
+        return met
+    step = max(1, pairs // a.size)
+    for j in range(0, lo.size, step):
+        l, h = lo[j:j + step], hi[j:j + step]
+        met[j:j + step] = (np.minimum(b[:, None], h[None, :]) > np.maximum(a[:, None], l[None, :])).any(axis=0)
+    return met
 
 
 def _static_program(ops: list, other_hosts: bool = True) -> HostProgram:
