@@ -158,3 +158,31 @@ def test_materialise_of_many_origins_equals_one_origin_at_a_time(fills, off, bat
     want = b"".join(pattern_bytes(buf.table[int(o)], int(s), int(n)).tobytes()
                     for o, s, n in zip(p.origin_id, p.stream_offset, p.length))
     assert fast.tobytes() == slow.tobytes() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(1, 40))
+def test_gather_of_sparse_blocks_equals_the_gather_of_the_whole_span(seed, n_ext):
+    """``_gather`` over only the blocks its extents touch (each segment's end from the next
+    start, a block's last from the next block's first) gives the pieces the gather over every
+    block between the first and last extent gives."""
+    from sim.bytes.compact import _window_gather
+    rng = np.random.default_rng(seed)
+    saved = CompactBuffer.block_segments
+    CompactBuffer.block_segments = 3
+    try:
+        t = OriginTable()
+        b = CompactBuffer(4000, t, ORIGINS[0])
+        for k in range(150):
+            off = int(rng.integers(0, 3990))
+            b.fill(np.array([off]), np.array([int(rng.integers(1, 10))]), ORIGINS[1 + k % 2], np.array([k]))
+        s_off = np.sort(rng.choice(3990, n_ext, replace=False)).astype(np.int64)
+        lens = rng.integers(1, 10, n_ext).astype(np.int64)
+        if rng.integers(0, 2):
+            s_off = s_off[rng.permutation(n_ext)]
+        got = b._gather(s_off, lens)
+        _, _, st_, oid, soff, end = b._span(int(s_off.min()), int((s_off + lens).max()))
+        want = _window_gather(st_, oid, soff, end, s_off, lens)
+        assert all(np.array_equal(x, y) for x, y in zip(got, want))
+    finally:
+        CompactBuffer.block_segments = saved

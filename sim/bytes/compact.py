@@ -727,16 +727,13 @@ class CompactBuffer:
             blocks = unique_sorted(np.repeat(kb0, cnt) + _ranks(cnt))
             if 2 * blocks.size <= k1 - k0:
                 bl = blocks.tolist()
-                st = np.concatenate([self._bs[k] for k in bl])
+                bs = [self._bs[k] for k in bl]
+                st = np.concatenate(bs)
                 # each segment's end: the next start in its block, the last one's its block's end
                 seg_end = np.empty(st.size, _I64)
-                block_end = np.append(first[1:], self.nbytes)
-                at = 0
-                for k in bl:
-                    n = len(self._bs[k])
-                    seg_end[at:at + n - 1] = st[at + 1:at + n]
-                    seg_end[at + n - 1] = block_end[k]
-                    at += n
+                seg_end[:-1] = st[1:]
+                seg_end[np.cumsum(np.fromiter(map(len, bs), _I64, len(bs))) - 1] = \
+                    np.append(first[1:], self.nbytes)[blocks]
                 i0 = np.searchsorted(st, s_off, side="right") - 1
                 c = np.searchsorted(st, s_end, side="left") - i0
                 ext = np.repeat(np.arange(len(lens)), c)
