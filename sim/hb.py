@@ -50,7 +50,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
-from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -813,9 +812,15 @@ class OnlineClocks:
 class _LiveBuffer:
     """One buffer's accesses that may still race a later op: one row per merged
     interval, ``(start, end, op index, the op's clock component, its position in it,
-    write)``, in a list (rows are few and touched one at a time: plain Python), and
-    the same rows as numpy columns (``columns``, made from the rows' intervals as
-    appended, in row order) for the queries that test many rows at once.
+    write)``, as numpy columns (``columns``, in row order) for the queries that test many
+    rows at once, and as a list of tuples (``rows``) for those that touch a few rows one at
+    a time (plain Python).
+
+    NOTE: the columns are the rows; the tuples are made from them when a Python query first
+    needs them (only those not made yet), and a prune keeps those made.  A wide access (a
+    forward's read, a batch's KV store: thousands of intervals) is mostly queried and pruned
+    by the vectorised paths, so its tuples are never made: making them as rows were appended
+    was about 4 % of a long engine run.
 
     Rows are indexed by the ``2**BUCKET_SHIFT``-byte buckets of the buffer they touch
     (intervals spanning more than ``MAX_BUCKETS`` buckets are kept in ``wide``), so
@@ -833,7 +838,8 @@ class _LiveBuffer:
     NUMPY_ROWS = 32
 
     def __init__(self):
-        self.rows: list[tuple] = []
+        self._rows: list[tuple] = []        # the tuples of rows[:len(_rows)] (see rows)
+        self._n = 0                         # live rows
         self.buckets: dict[int, list[int]] = {}
         self.wide: list[int] = []
         self._indexed = 0                   # rows[:_indexed] are in buckets / wide (see _index_rows)
@@ -846,7 +852,18 @@ class _LiveBuffer:
 
     @property
     def n(self) -> int:
-        return len(self.rows)
+        return self._n
+
+    @property
+    def rows(self) -> list[tuple]:
+        """The live rows as tuples, in row order (the list is this buffer's: valid until the
+        next call that changes the rows)."""
+        made = self._rows
+        r0 = len(made)
+        if r0 < self._n:
+            cols = self.columns()
+            made.extend(zip(*(c[r0:].tolist() for c in cols)))
+        return made
 
     def _index(self, r: int, s: int, e: int) -> None:
         sh = self.BUCKET_SHIFT
@@ -902,30 +919,24 @@ class _LiveBuffer:
         (:meth:`_index_rows`): most rows of a wide access (a forward's reads and KV stores,
         hundreds of intervals each) are pruned before any bucket query looks at them, and the
         buckets hold the same lists whenever they are indexed (rows go in in row order)."""
-        rows = self.rows
-        if len(s) == 1:
-            rows.append((s[0], e[0], op, comp, pos, write))
-        else:
-            rows.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
         self._pending.append((s if s_arr is None else s_arr, e if e_arr is None else e_arr, op, comp, pos, write))
+        self._n += len(s)
         if write:
             self.writes += len(s)
 
     def _index_rows(self) -> None:
         """Put the rows appended since the last call in the buckets (or ``wide``), in row
         order: what indexing each as it was appended gives."""
-        rows, r0 = self.rows, self._indexed
-        n = len(rows) - r0
-        if n <= 0:
+        r0, r1 = self._indexed, self._n
+        if r1 <= r0:
             return
-        if n >= self.INDEX_MANY:
-            S, E = self.columns()[:2]
+        S, E = self.columns()[:2]
+        if r1 - r0 >= self.INDEX_MANY:
             self._index_many(r0, S[r0:], E[r0:])
         else:
-            for r in range(r0, len(rows)):
-                row = rows[r]
-                self._index(r, row[0], row[1])
-        self._indexed = len(rows)
+            for r, a, b in zip(range(r0, r1), S[r0:].tolist(), E[r0:].tolist()):
+                self._index(r, a, b)
+        self._indexed = r1
 
     def _bucket_rows(self, s: list, e: list) -> list | None:
         """The live rows overlapping ``[s, e)``, in row order, when the merged intervals are one
@@ -935,13 +946,15 @@ class _LiveBuffer:
         sh = self.BUCKET_SHIFT
         if not (len(s) == 1 and (e[0] - 1) >> sh == s[0] >> sh):
             return None
-        rows = self.rows
-        if self._indexed < len(rows):
+        if self._indexed < self._n:
             self._index_rows()
         if self.wide:
             return None
         lo, hi = s[0], e[0]
-        return [row for row in map(rows.__getitem__, self.buckets.get(lo >> sh, ())) if row[0] < hi and row[1] > lo]
+        lst = self.buckets.get(lo >> sh)
+        if not lst:
+            return []
+        return [row for row in map(self.rows.__getitem__, lst) if row[0] < hi and row[1] > lo]
 
     def columns(self) -> tuple:
         """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order
@@ -989,7 +1002,7 @@ class _LiveBuffer:
     def _rows_overlapping(self, s: list, e: list, s_arr=None, e_arr=None):
         """Row indices (ascending) of the live rows overlapping ``[s, e)``, or None when
         the query is better answered by the buckets (``overlapping``'s Python paths)."""
-        if len(self.rows) < self.NUMPY_ROWS or self._touched_buckets(s, e, s_arr, e_arr) <= 4 * self.MAX_BUCKETS:
+        if self._n < self.NUMPY_ROWS or self._touched_buckets(s, e, s_arr, e_arr) <= 4 * self.MAX_BUCKETS:
             return None
         S, E = self.columns()[:2]
         return _overlap_rows(S, E, np.arange(S.size), s, e, s_arr, e_arr)
@@ -1011,7 +1024,7 @@ class _LiveBuffer:
         the row's op is not ordered before it (``clock[comp] < pos``) and one side writes.
         The same ops as filtering ``overlapping(s, e)``."""
         cand = self._bucket_rows(s, e)
-        if cand is None and len(self.rows) >= self.NUMPY_ROWS and \
+        if cand is None and self._n >= self.NUMPY_ROWS and \
                 self._touched_buckets(s, e, s_arr, e_arr) > 4 * self.MAX_BUCKETS:
             # NOTE: the clock and write tests first (cheap, vectorised), the interval test
             # only on the rows left
@@ -1032,7 +1045,6 @@ class _LiveBuffer:
         return [row[2] for row in cand if cl[row[3]] < row[4] and (write or row[5])]
 
     def _overlapping_py(self, s: list, e: list) -> list:
-        rows = self.rows
         sh = self.BUCKET_SHIFT
         if ((e[-1] - 1) >> sh) - (s[0] >> sh) < 4 * self.MAX_BUCKETS \
                 or self._touched_buckets(s, e, None, None) <= 4 * self.MAX_BUCKETS:
@@ -1048,7 +1060,8 @@ class _LiveBuffer:
                 return []
             cand = sorted(cand)
         else:
-            cand = range(len(rows))
+            cand = range(self._n)
+        rows = self.rows
         out = []
         if len(s) == 1:
             lo, hi = s[0], e[0]
@@ -1066,23 +1079,32 @@ class _LiveBuffer:
 
     def keep_after(self, floor: list) -> None:
         """Keep the rows whose op does not happen before ``floor`` (a clock, as a list)."""
-        if len(self.rows) >= self.NUMPY_ROWS:
+        if self._n >= self.NUMPY_ROWS:
             S, E, OP, COMP, POS, W = cols = self.columns()
             keep = np.asarray(floor, np.int64)[COMP] < POS
             if keep.all():
                 return
             idx = np.flatnonzero(keep)
-            rows = self.rows
-            kept = [rows[r] for r in idx.tolist()]
+            # the tuples made already of the rows kept: a prefix of the kept rows
+            made = self._rows
+            self._rows = [made[r] for r in idx[:int(np.searchsorted(idx, len(made)))].tolist()]
             self._cols = tuple(c[idx] for c in cols)
+            n, writes = idx.size, int(np.count_nonzero(W[idx]))
         else:
-            kept = [row for row in self.rows if floor[row[3]] < row[4]]
-            if len(kept) == len(self.rows):
+            rows = self.rows
+            kept = [row for row in rows if floor[row[3]] < row[4]]
+            if len(kept) == len(rows):
                 return
             self._cols, self._pending = _columns_of(kept), []
-        self._n_cols = len(kept)
-        self.rows, self.buckets, self.wide, self._indexed = kept, {}, [], 0
-        self.writes = sum(1 for row in kept if row[5])
+            self._rows = kept
+            n, writes = len(kept), sum(1 for row in kept if row[5])
+        self._n_cols = self._n = n
+        self.writes = writes
+        self.buckets, self.wide, self._indexed = {}, [], 0
+
+    def ops(self) -> list:
+        """The op index of every live row (repeats included)."""
+        return self.columns()[2].tolist()
 
 
 def _columns_of(rows: list) -> tuple:
@@ -1167,7 +1189,7 @@ class RaceTracker:
                 lb = self.live[buf] = _LiveBuffer()
                 self.kept[buf] = []
             spans = [(w, s.tolist(), e.tolist(), s, e) for _, w, s, e in mine]
-            if lb.rows:
+            if lb.n:
                 hits = set()
                 for w, s, e, sa, ea in spans:
                     if not (w or lb.writes):
@@ -1255,9 +1277,9 @@ class RaceTracker:
         self._prune_floor = None
         alive_ops = set()
         for buf, lb in self.live.items():
-            if lb.rows:
+            if lb.n:
                 lb.keep_after(self.floor_of(buf))
-                alive_ops.update([row[2] for row in lb.rows])
+                alive_ops.update(lb.ops())
         self._live_after_prune = self.live_accesses()
         for i in [i for i in self._accs if i not in alive_ops]:
             del self._accs[i]

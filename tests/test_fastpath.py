@@ -126,6 +126,57 @@ def test_live_buffer_overlapping_equals_a_scan():
     assert lb.overlapping([0], [1 << 21]) == lb.rows
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 31), st.lists(st.sampled_from(["narrow", "wide", "query", "racing", "prune", "rows"]),
+                                          min_size=1, max_size=40))
+def test_live_buffer_rows_made_on_demand_equal_the_rows_appended(seed, steps):
+    """Rows appended as intervals (one, or hundreds as arrays), their tuples made only when a
+    Python query needs them, pruned by random floors: ``rows``, ``n``, ``writes``, ``ops()`` and
+    every query equal a plain list of every row appended, filtered by the same floors."""
+    rng = np.random.default_rng(seed)
+    lb, ref, k = _LiveBuffer(), [], 0
+    for step in steps:
+        if step in ("narrow", "wide"):
+            n = 1 if step == "narrow" else int(rng.integers(16, 300))
+            s = np.sort(rng.choice(1 << 22, n, replace=False)).astype(np.int64) * 4
+            e = s + rng.integers(1, 4, n)
+            comp, w = int(rng.integers(0, 3)), bool(rng.integers(0, 2))
+            lb.append(s.tolist(), e.tolist(), k, comp, k + 1, w, s, e)
+            ref += [(a, b, k, comp, k + 1, w) for a, b in zip(s.tolist(), e.tolist())]
+            k += 1
+        elif step in ("query", "racing"):
+            lo = int(rng.integers(0, 1 << 24))
+            s, e = [lo], [lo + int(rng.choice([3, 1 << 10, 1 << 24]))]
+            want = [r for r in ref if r[0] < e[0] and r[1] > s[0]]
+            if step == "query":
+                assert lb.overlapping(s, e) == want
+            else:
+                clock = rng.integers(0, k + 2, 3)
+                write = bool(rng.integers(0, 2))
+                got = sorted(lb.racing(s, e, np.array(s), np.array(e), write, clock, None))
+                assert got == sorted(r[2] for r in want if clock[r[3]] < r[4] and (write or r[5]))
+        elif step == "prune":
+            floor = rng.integers(0, k + 2, 3).tolist()
+            lb.keep_after(floor)
+            ref = [r for r in ref if floor[r[3]] < r[4]]
+        else:
+            assert lb.rows == ref
+        assert lb.n == len(ref) and lb.writes == sum(r[5] for r in ref) and sorted(lb.ops()) == sorted(
+            r[2] for r in ref)
+        assert lb._rows == ref[:len(lb._rows)]          # the tuples made: a prefix of the rows
+    assert lb.rows == ref
+
+
+def test_a_prune_keeps_the_tuples_made_of_the_rows_it_keeps():
+    lb = _LiveBuffer()
+    for k in range(40):
+        lb.append([10 * k], [10 * k + 5], k, k % 2, k + 1, k % 3 == 0)
+    assert len(lb.rows) == 40
+    lb.keep_after([10, 3])                  # drops ops 0, 2, 4, 6, 8 (comp 0) and op 1 (comp 1)
+    want = [(10 * k, 10 * k + 5, k, k % 2, k + 1, k % 3 == 0) for k in range(40) if k > (9 if k % 2 == 0 else 2)]
+    assert lb._rows == want and lb.rows == want and lb.n == 34
+
+
 @SETTINGS
 @given(any_schedule, st.integers(0, 3))
 def test_shared_byte_digests_equal_hashed_bytes(doc, seed):
