@@ -50,6 +50,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -816,11 +817,12 @@ class _LiveBuffer:
     rows at once, and as a list of tuples (``rows``) for those that touch a few rows one at
     a time (plain Python).
 
-    NOTE: the columns are the rows; the tuples are made from them when a Python query first
-    needs them (only those not made yet), and a prune keeps those made.  A wide access (a
-    forward's read, a batch's KV store: thousands of intervals) is mostly queried and pruned
-    by the vectorised paths, so its tuples are never made: making them as rows were appended
-    was about 4 % of a long engine run.
+    NOTE: the columns are the rows; the tuples of an access of a few intervals are made as
+    it is appended (while every row before it has its tuple), the others when a Python query
+    first needs them (only those not made yet), and a prune keeps those made.  A wide access
+    (a forward's read, a batch's KV store: thousands of intervals) is mostly queried and
+    pruned by the vectorised paths, so its tuples are never made: making them as rows were
+    appended was about 4 % of a long engine run.
 
     Rows are indexed by the ``2**BUCKET_SHIFT``-byte buckets of the buffer they touch
     (intervals spanning more than ``MAX_BUCKETS`` buckets are kept in ``wide``), so
@@ -836,6 +838,8 @@ class _LiveBuffer:
     INDEX_MANY = 16
     #: live rows from which a query that cannot use the buckets is vectorised
     NUMPY_ROWS = 32
+    #: accesses of at most this many intervals get their tuples as they are appended
+    EAGER_ROWS = 16
 
     def __init__(self):
         self._rows: list[tuple] = []        # the tuples of rows[:len(_rows)] (see rows)
@@ -919,6 +923,12 @@ class _LiveBuffer:
         (:meth:`_index_rows`): most rows of a wide access (a forward's reads and KV stores,
         hundreds of intervals each) are pruned before any bucket query looks at them, and the
         buckets hold the same lists whenever they are indexed (rows go in in row order)."""
+        made = self._rows
+        if len(s) <= self.EAGER_ROWS and len(made) == self._n:
+            if len(s) == 1:
+                made.append((s[0], e[0], op, comp, pos, write))
+            else:
+                made.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
         self._pending.append((s if s_arr is None else s_arr, e if e_arr is None else e_arr, op, comp, pos, write))
         self._n += len(s)
         if write:
@@ -930,12 +940,14 @@ class _LiveBuffer:
         r0, r1 = self._indexed, self._n
         if r1 <= r0:
             return
-        S, E = self.columns()[:2]
         if r1 - r0 >= self.INDEX_MANY:
+            S, E = self.columns()[:2]
             self._index_many(r0, S[r0:], E[r0:])
         else:
-            for r, a, b in zip(range(r0, r1), S[r0:].tolist(), E[r0:].tolist()):
-                self._index(r, a, b)
+            rows = self.rows
+            for r in range(r0, r1):
+                row = rows[r]
+                self._index(r, row[0], row[1])
         self._indexed = r1
 
     def _bucket_rows(self, s: list, e: list) -> list | None:
