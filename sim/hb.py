@@ -944,7 +944,7 @@ class _LiveBuffer:
             S, E = self.columns()[:2]
             self._index_many(r0, S[r0:], E[r0:])
         else:
-            rows = self.rows
+            rows = self._rows if len(self._rows) == r1 else self.rows
             for r in range(r0, r1):
                 row = rows[r]
                 self._index(r, row[0], row[1])
@@ -966,7 +966,8 @@ class _LiveBuffer:
         lst = self.buckets.get(lo >> sh)
         if not lst:
             return []
-        return [row for row in map(self.rows.__getitem__, lst) if row[0] < hi and row[1] > lo]
+        rows = self._rows if len(self._rows) == self._n else self.rows
+        return [row for row in map(rows.__getitem__, lst) if row[0] < hi and row[1] > lo]
 
     def columns(self) -> tuple:
         """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order
@@ -1201,7 +1202,7 @@ class RaceTracker:
                 lb = self.live[buf] = _LiveBuffer()
                 self.kept[buf] = []
             spans = [(w, s.tolist(), e.tolist(), s, e) for _, w, s, e in mine]
-            if lb.n:
+            if lb._n:
                 hits = set()
                 for w, s, e, sa, ea in spans:
                     if not (w or lb.writes):
@@ -1289,7 +1290,7 @@ class RaceTracker:
         self._prune_floor = None
         alive_ops = set()
         for buf, lb in self.live.items():
-            if lb.n:
+            if lb._n:
                 lb.keep_after(self.floor_of(buf))
                 alive_ops.update(lb.ops())
         self._live_after_prune = self.live_accesses()
