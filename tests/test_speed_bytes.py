@@ -186,3 +186,71 @@ def test_gather_of_sparse_blocks_equals_the_gather_of_the_whole_span(seed, n_ext
         assert all(np.array_equal(x, y) for x, y in zip(got, want))
     finally:
         CompactBuffer.block_segments = saved
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_plain_extents_equal_the_general_validation(n, data):
+    """``extents``'s fast path (1-D int64 arrays of one length, every extent non-empty and in
+    bounds) returns what the general path returns; anything else (zero, negative or
+    out-of-bounds extents, other dtypes or shapes, lists) takes the general path, so the same
+    extents are dropped and the same errors named."""
+    import sim.bytes.compact as compact
+    from sim.errors import InputError
+    nb = 100
+    val = st.sampled_from([-1, 0, 1, 5, 50, 99, 100, 101])
+    arr = lambda: np.array(data.draw(st.lists(val, min_size=n, max_size=n)), data.draw(
+        st.sampled_from([np.int64, np.int64, np.int64, np.int32])))
+    lens, src, dst = arr(), arr(), arr()
+    if data.draw(st.booleans()):
+        lens = lens.tolist()
+    pairs = (("src_offsets", src, nb), ("dst_offsets", dst, nb + 7), ("stream_offsets", src, compact._I64_MAX))
+
+    def outcome(f):
+        try:
+            return [(a.dtype, a.tolist()) for a in f("copy_from", lens, *pairs)]
+        except InputError as e:
+            return str(e)
+    want = outcome(compact.extents)
+    saved = compact._plain_extents
+    compact._plain_extents = lambda *a: None
+    try:
+        assert outcome(compact.extents) == want
+    finally:
+        compact._plain_extents = saved
+
+
+def test_plain_extents_at_every_bound():
+    """One extent at each edge of each pair's bound (ending at the buffer's end, one byte past
+    it, starting at -1, of length 0 or -1) among good ones: the fast path's outcome is the
+    general path's."""
+    import sim.bytes.compact as compact
+    from sim.errors import InputError
+
+    def outcome(lens, src, dst):
+        try:
+            return [a.tolist() for a in compact.extents("copy_from", lens, ("src_offsets", src, 100),
+                                                         ("dst_offsets", dst, 107))]
+        except InputError as e:
+            return str(e)
+    cases = 0
+    for edge in [(1, 99), (1, 100), (0, 100), (-1, 5), (5, 0), (5, -1), (99, 1), (100, 1), (0, 101)]:
+        for which in ("src", "dst"):
+            for at in (0, 2, 4):
+                o, n = edge
+                if which == "dst":
+                    o += 7
+                lens = np.array([3, 4, 5, 6, 7], np.int64)
+                src = np.array([0, 10, 20, 30, 40], np.int64)
+                dst = src + 1
+                lens[at] = n
+                (src if which == "src" else dst)[at] = o
+                want = outcome(lens, src, dst)
+                saved = compact._plain_extents
+                compact._plain_extents = lambda *a: None
+                try:
+                    assert outcome(lens, src, dst) == want, (edge, which, at)
+                finally:
+                    compact._plain_extents = saved
+                cases += 1
+    assert cases == 54
