@@ -65,7 +65,7 @@ import numpy as np
 import simpy
 
 from sim.errors import InputError
-from sim.hb import RACE_LIMIT
+from sim.hb import RACE_LIMIT, _overlap_rows, merge_intervals
 from sim.memory import Clipped, Memory, clip_and_leaves, clipped_plan, oob_origin
 from sim.profile import Profile
 from sim.read_views import LazyViews
@@ -859,8 +859,7 @@ class Executor:
         f0, f1 = c.fill_start[sl], np.minimum(c.fill_end[sl], done_b)
         s, d = c.src[sl], c.dst[sl]
         offs, lens = np.asarray(offs, np.int64), np.asarray(lens, np.int64)
-        met = _extents_met(offs, offs + lens, (d, d + f0), (d + n_copy, d + f1))
-        for j in np.flatnonzero(met).tolist():
+        for j in _extents_met(offs, offs + lens, (d, d + f0), (d + n_copy, d + f1)).tolist():
             view, lo, hi = views[j], int(offs[j]), int(offs[j] + lens[j])
             # copied part, intersected with this read extent
             a = np.maximum(d, lo)
@@ -879,23 +878,17 @@ class Executor:
         return hit
 
 
-def _extents_met(lo: np.ndarray, hi: np.ndarray, starts: tuple, ends: tuple, pairs: int = 1 << 20) -> np.ndarray:
-    """Per extent ``[lo[j], hi[j])``: does any interval ``[starts[k][i], ends[k][i])`` (several
-    arrays of intervals, empty ones included) share a byte with it?  (What the per-extent
-    test ``min(end, hi) > max(start, lo)`` finds, for every extent at once.)
+def _extents_met(lo: np.ndarray, hi: np.ndarray, starts: tuple, ends: tuple) -> np.ndarray:
+    """Indices (ascending) of the extents ``[lo[j], hi[j])`` (non-empty) that share a byte with
+    some interval ``[starts[k][i], ends[k][i])`` (several arrays of intervals, empty ones
+    included): the intervals merged, then the race tracker's row-overlap test.
 
     NOTE: a read beside a copy into other pages of its buffer (a forward during a load-back)
-    has thousands of extents and a few items in flight, none in the read: tested in chunks of
-    extents, about ``pairs`` (item, extent) pairs at once."""
-    a, b = np.concatenate(starts), np.concatenate(ends)
-    met = np.zeros(lo.size, bool)
-    if not a.size:
-        return met
-    step = max(1, pairs // a.size)
-    for j in range(0, lo.size, step):
-        l, h = lo[j:j + step], hi[j:j + step]
-        met[j:j + step] = (np.minimum(b[:, None], h[None, :]) > np.maximum(a[:, None], l[None, :])).any(axis=0)
-    return met
+    has thousands of extents and a few items in flight, none in the read."""
+    qs, qe = merge_intervals(np.concatenate(starts), np.concatenate(ends))
+    if not qs.size:
+        return qs
+    return _overlap_rows(lo, hi, np.arange(lo.size), qs.tolist(), qe.tolist(), qs, qe)
 
 
 def _static_program(ops: list, other_hosts: bool = True) -> HostProgram:
