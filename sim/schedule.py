@@ -571,49 +571,45 @@ def _parse_segments(f: dict, fw: str, nbytes: int, totals: _Totals) -> Fill:
 PLAIN_RANGES_MIN = 16
 
 
-def _plain_ranges(r: list, nbytes: int):
-    """``(starts, lengths, total bytes)`` of a ``ranges`` list whose every pair is a list of
-    two plain ints with ``0 <= offset``, ``0 < nbytes`` and ``offset + nbytes <= nbytes``
-    (the buffer's): what ``_selection``'s loop accepts and returns for it; None for anything
-    else, and for short lists (the loop then accepts it or names the first bad pair).
+def _plain_ranges(r: list):
+    """A ``ranges`` list as an ``(n, 2)`` int64 array when every pair is a list of two plain
+    ints within int64 (what :func:`_array_ranges` then checks as the list's loop would); None
+    for anything else, and for short lists (the loop then accepts it or names the first bad
+    pair).
 
-    NOTE: the types are tested by C loops (``set(map(...))``, :func:`plain_ints`), the bounds on
-    int64 arrays: an engine's read of a whole context has hundreds to thousands of pairs, where
-    the loop cost about 1 us a pair."""
+    NOTE: the types are tested by C loops (``set(map(...))``, :func:`plain_ints`): an engine's
+    read of a whole context has hundreds to thousands of pairs, where the loop cost about 1 us
+    a pair."""
     if len(r) < PLAIN_RANGES_MIN or set(map(type, r)) != {list} or set(map(len, r)) != {2} \
             or not plain_ints(itertools.chain.from_iterable(r)):
         return None
     try:
-        arr = np.array(r, np.int64)
+        return np.array(r, np.int64)
     except OverflowError:
         return None
-    o, n = arr[:, 0], arr[:, 1]
-    if not (int(o.min()) >= 0 and int(n.min()) > 0 and bool((n <= nbytes - o).all())):
-        return None
-    # the int64 sum is exact while it cannot pass 2**63 (each length <= nbytes)
-    total = int(n.sum()) if nbytes * len(r) < (1 << 63) else sum(n.tolist())
-    return o.copy(), n.copy(), total
+
+
+def _range_error(where: str, nbytes: int, pair) -> InputError:
+    return InputError(where, f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {nbytes} "
+                             f"(the buffer's size), got {show(pair)}")
 
 
 def _array_ranges(r: np.ndarray, nbytes: int, where: str):
     """``(starts, lengths, total bytes)`` of a ``ranges`` given as an ``(n, 2)`` integer
-    array (a host program's read), by the rules the list form is checked by, the first bad
-    pair named as the list's loop names it."""
+    array (a host program's read, or a plain list made one), by the rules the list form is
+    checked by, the first bad pair named as the list's loop names it (an unsigned value past
+    int64 wraps negative, so it is named too)."""
     if not (r.ndim == 2 and r.shape[1] == 2 and r.dtype.kind in "iu"):
         raise InputError(where, f"expected an (n, 2) integer array of [offset, nbytes] pairs, got an array of "
                                 f"dtype {r.dtype} and shape {r.shape}")
     if not (0 < len(r) <= MAX_INDICES):
         raise InputError(where, f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
-    if r.dtype.kind == "u" and int(r.max()) > INT_MAX:
-        k = int(np.flatnonzero((r > INT_MAX).any(axis=1))[0])
-        raise InputError(f"{where}[{k}]", f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {nbytes} "
-                                          f"(the buffer's size), got {show(r[k].tolist())}")
     o, n = r[:, 0].astype(np.int64), r[:, 1].astype(np.int64)
     bad = (o < 0) | (n <= 0) | (n > nbytes - o)
     if bad.any():
         k = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{where}[{k}]", f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {nbytes} "
-                                          f"(the buffer's size), got {show(r[k].tolist())}")
+        raise _range_error(f"{where}[{k}]", nbytes, r[k].tolist())
+    # the int64 sum is exact while it cannot pass 2**63 (each length <= nbytes)
     total = int(n.sum()) if nbytes * len(r) < (1 << 63) else sum(n.tolist())
     return o, n, total
 
@@ -639,37 +635,30 @@ def _selection(d: dict, where: str, buf: BufferSpec, totals: _Totals, *, allow_r
     is_read = allow_ranges
     if key == "ranges":
         r = d["ranges"]
-        if isinstance(r, np.ndarray):
-            got = _array_ranges(r, buf.nbytes, f"{where}.ranges")
-            totals.add_read(len(r), got[2], f"{where}.ranges")
-            return None, None, got[:2]
-        r = _get(d, "ranges", where, list)
-        if not (0 < len(r) <= MAX_INDICES):
-            raise InputError(f"{where}.ranges",
-                             f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
-        got = _plain_ranges(r, buf.nbytes)
-        if got is not None:
-            totals.add_read(len(r), got[2], f"{where}.ranges")
-            return None, None, got[:2]
-        total = 0
-        for k, x in enumerate(r):
-            # NOTE: exact types first (a pair of plain ints: every range an engine issues), the
-            # general test (int subclasses but bool) only for the rest: the same pairs pass
-            if not (type(x) is list and len(x) == 2 and type(x[0]) is int and type(x[1]) is int):
-                ok = (isinstance(x, list) and len(x) == 2
-                      and all(isinstance(y, int) and not isinstance(y, bool) for y in x))
-                if not ok:
-                    raise InputError(f"{where}.ranges[{k}]",
-                                     f"expected an [offset, nbytes] pair of integers, got {show(x)}")
-            o, n = x
-            if not (0 <= o and 0 < n and o + n <= buf.nbytes):
-                raise InputError(f"{where}.ranges[{k}]",
-                                 f"expected offset >= 0, nbytes > 0 and offset + nbytes <= {buf.nbytes} "
-                                 f"(the buffer's size), got {show(x)}")
-            total += n
-        totals.add_read(len(r), total, f"{where}.ranges")
-        arr = np.asarray(r, dtype=np.int64).reshape(-1, 2)
-        return None, None, (arr[:, 0].copy(), arr[:, 1].copy())
+        if not isinstance(r, np.ndarray):
+            r = _get(d, "ranges", where, list)
+            if not (0 < len(r) <= MAX_INDICES):
+                raise InputError(f"{where}.ranges",
+                                 f"expected 1..{MAX_INDICES} (MAX_INDICES) [offset, nbytes] pairs, got {len(r)}")
+            arr = _plain_ranges(r)
+            if arr is None:
+                for k, x in enumerate(r):
+                    # NOTE: exact types first (a pair of plain ints), the general test (int
+                    # subclasses but bool) only for the rest: the same pairs pass
+                    if not (type(x) is list and len(x) == 2 and type(x[0]) is int and type(x[1]) is int):
+                        ok = (isinstance(x, list) and len(x) == 2
+                              and all(isinstance(y, int) and not isinstance(y, bool) for y in x))
+                        if not ok:
+                            raise InputError(f"{where}.ranges[{k}]",
+                                             f"expected an [offset, nbytes] pair of integers, got {show(x)}")
+                    o, n = x
+                    if not (0 <= o and 0 < n and o + n <= buf.nbytes):
+                        raise _range_error(f"{where}.ranges[{k}]", buf.nbytes, x)
+                arr = np.asarray(r, dtype=np.int64).reshape(-1, 2)
+            r = arr
+        got = _array_ranges(r, buf.nbytes, f"{where}.ranges")
+        totals.add_read(len(r), got[2], f"{where}.ranges")
+        return None, None, got[:2]
     layer = _get(d, "layer", where, int)
     if not (0 <= layer < lay.layers):
         raise InputError(f"{where}.layer", f"expected 0..{lay.layers - 1}, got {layer}")

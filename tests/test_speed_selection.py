@@ -235,7 +235,7 @@ def test_range_pairs_fast_path_at_every_edge():
 
 def test_long_range_lists_take_the_plain_path_with_the_same_outcome():
     """Range lists of at least ``PLAIN_RANGES_MIN`` pairs are checked by ``_plain_ranges``
-    (C loops over the types, int64 bounds): good lists at the buffer's edges take it, and a
+    (C loops over the types), then by ``_array_ranges`` (int64 bounds): good lists at the buffer's edges take it, and a
     bad pair anywhere in a long list (every pair of the edge test, out of bounds by one,
     int64 overflow) gives the replaced loop's outcome, message included."""
     cases = 0
@@ -243,7 +243,7 @@ def test_long_range_lists_take_the_plain_path_with_the_same_outcome():
         nb = buf.nbytes
         good = [[k % nb, 1] for k in range(40)] + [[nb - 1, 1], [0, nb]]
         assert len(good) >= schedule.PLAIN_RANGES_MIN
-        assert schedule._plain_ranges(good, nb) is not None
+        assert schedule._plain_ranges(good) is not None
         bad = [[0, True], [False, 8], [_Eight.EIGHT, 8], (0, 8), [0.0, 8], [0, 2 ** 70], [2 ** 63, 1], [0],
                [0, 8, 1], [], "r", None, [-1, 8], [0, 0], [nb, 1], [nb - 1, 2], [0, nb + 1],
                [2 ** 62, 2 ** 62], [2 ** 63 - 1, 1]]
@@ -254,7 +254,7 @@ def test_long_range_lists_take_the_plain_path_with_the_same_outcome():
     assert cases > 100
     # a total past int64 (each length <= the buffer): summed as Python ints
     r = [[0, 1 << 50]] * 8193
-    assert schedule._plain_ranges(r, 1 << 50)[2] == 8193 << 50
+    assert schedule._array_ranges(schedule._plain_ranges(r), 1 << 50, "w")[2] == 8193 << 50
 
 
 @SETTINGS
