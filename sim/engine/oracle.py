@@ -535,20 +535,7 @@ class KVOracle:
                 continue
             self.entries_checked += ne * len(layers)
             w = self._expected_entries(req, info.role, ne, n_ctx)
-            u, i = np.divmod(ent, epu)
-            # runs of entries with one page and one expected key (a request's entries of a page
-            # are consecutive, in sequence order)
-            new = np.empty(ne, bool)
-            new[0] = True
-            np.not_equal(u[1:], u[:-1], out=new[1:])
-            new[1:] |= w[1:] != w[:-1]
-            st = np.flatnonzero(new)
-            cnt = np.diff(np.append(st, ne))
-            rmin, rmax = np.minimum.reduceat(i, st), np.maximum.reduceat(i, st)
-            # the run's entries are exactly 0..cnt-1 of its page: only then can it be remembered
-            run_of = np.cumsum(new) - 1
-            leading = np.minimum.reduceat((i == np.arange(ne) - st[run_of]).view(np.int8), st).astype(bool)
-            ru, rw = u[st], w[st]
+            ent, u, st, cnt, rmin, rmax, leading, ru, rw = self._page_runs(info.entries[rid], w, epu)
             g = layers[:, None] * lay.pages + ru[None, :]                 # (pool layers, runs)
             ml, mr = np.nonzero(~((jk[g] == rw[None, :]) & (jn[g] > rmax[None, :])))
             if ml.size:
@@ -609,6 +596,38 @@ class KVOracle:
         for rid, a_, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
             out[rid] = bad[a_:a_ + n]
         return out
+
+    def _page_runs(self, entries, w: np.ndarray, epu: int) -> tuple:
+        """A request's entries (``entries``: its slots of one role) cut into runs of one page
+        and one expected key ``w`` (a request's entries of a page are consecutive, in sequence
+        order): ``(entries as int64, page of each entry, each run's first entry, length, least
+        and greatest place in its page, whether its entries are exactly places 0..length-1 of
+        the page (only then can it be remembered), page, key)``.
+
+        NOTE: remembered with the expected keys (:meth:`_expected_entries`): a per-layer forward
+        reads the same entries of a request once per layer and pool, and the runs are a pure
+        function of the entries and keys (the arrays are held with them, so their ids are not
+        reused while remembered; callers only read them)."""
+        memo = self._expected_memo
+        mk = ("runs", id(entries), id(w), epu)
+        got = memo.get(mk)
+        if got is not None and got[0] is entries and got[1] is w:
+            return got[2]
+        ent = np.asarray(entries, np.int64)
+        ne = len(ent)
+        u, i = np.divmod(ent, epu)
+        new = np.empty(ne, bool)
+        new[0] = True
+        np.not_equal(u[1:], u[:-1], out=new[1:])
+        new[1:] |= w[1:] != w[:-1]
+        st = np.flatnonzero(new)
+        cnt = np.diff(np.append(st, ne))
+        rmin, rmax = np.minimum.reduceat(i, st), np.maximum.reduceat(i, st)
+        run_of = np.cumsum(new) - 1
+        leading = np.minimum.reduceat((i == np.arange(ne) - st[run_of]).view(np.int8), st).astype(bool)
+        runs = (ent, u, st, cnt, rmin, rmax, leading, u[st], w[st])
+        memo[mk] = (entries, w, runs)
+        return runs
 
     def _pairs_by_sample(self, kind, lay, contents, parts, sel: np.ndarray, bad: np.ndarray) -> np.ndarray:
         """Judge pairs ``sel`` (indices into the concatenated pairs of ``parts``, see
