@@ -64,6 +64,7 @@ from typing import Any, Callable, Generator, Sequence
 import numpy as np
 import simpy
 
+from sim.arrays import unique_sorted
 from sim.errors import InputError
 from sim.hb import RACE_LIMIT, _overlap_rows, merge_intervals
 from sim.memory import Clipped, Memory, clip_and_leaves, clipped_plan, oob_origin
@@ -826,20 +827,32 @@ class Executor:
             in_flight.append((cp.op.index, info))
             if self.torn and started > n_done:
                 partial.append((cp, n_done, started))
-        if self.LAZY_VIEWS and self.online is not None and self.mem.material is None and not partial:
+        torn = []                             # (copy, done part of its items in the read)
+        for cp, n_done, started in partial:
+            sl = cp.extent_slice(n_done, started)
+            done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
+            got = _torn_pieces(cp.c, sl, np.asarray(done_b, np.int64), offs, lens)
+            if got is not None:
+                torn.append((cp, got))
+        if self.LAZY_VIEWS and self.online is not None and self.mem.material is None:
             # NOTE: a streamed run hands the capture to its verdicts and forgets it; a fresh read
             # is judged without its views (OnlineVerdicts.captured, the engine's KV oracle), so
             # they are sliced only if something looks at them, from a snapshot of this instant
-            views = LazyViews(self.mem.compact[op.buffer].clone(), offs, lens)
+            # (with the done part of the items in flight in the read's bytes written into it)
+            snap = self.mem.compact[op.buffer].clone()
+            for cp, (copied, filled) in torn:
+                if copied is not None:
+                    snap.copy_from(self.mem.compact[cp.op.src], *copied[1:])
+                if filled is not None:
+                    snap.fill(filled[1], filled[2], oob_origin(cp.op.src), filled[3])
+            views = LazyViews(snap, offs, lens)
         else:
             # one per extent; NOTE: Memory.views pays from a few extents on, one is sliced alone
             views = ([self.mem.view(op.buffer, int(offs[0]), int(lens[0]))] if offs.size == 1
                      else self.mem.views(op.buffer, offs, lens))
-        overlaid = False
-        for cp, n_done, started in partial:
-            sl = cp.extent_slice(n_done, started)
-            done_b = bytes_done(cp.op.plan, cp.rel_start, cp.rel_end, t - cp.t0)[sl]
-            overlaid |= self._overlay_partial(cp, sl, np.asarray(done_b, np.int64), views, offs, lens)
+            for cp, pieces in torn:
+                _overlay_views(self.mem, views, cp.op.src, pieces)
+        overlaid = bool(torn)
         # NOTE: listed in issue order, not in the order the copies became active: copies that
         # start at one instant on different streams may activate in either order (a window cut
         # from the run re-creates the same instant with fewer events), and the list is a set
@@ -850,32 +863,53 @@ class Executor:
         else:
             self.reads.append(cap)
 
-    def _overlay_partial(self, cp: _Copy, sl: slice, done_b, views, offs, lens) -> bool:
-        """Overlay the part of ``cp``'s in-flight items ``sl`` done by now (``done_b`` bytes
-        each) on the read's views; whether any byte of them lies in the read."""
-        c = cp.c
-        hit = False
-        n_copy = np.minimum(c.copy_len[sl], done_b)
-        f0, f1 = c.fill_start[sl], np.minimum(c.fill_end[sl], done_b)
-        s, d = c.src[sl], c.dst[sl]
-        offs, lens = np.asarray(offs, np.int64), np.asarray(lens, np.int64)
-        for j in _extents_met(offs, offs + lens, (d, d + f0), (d + n_copy, d + f1)).tolist():
-            view, lo, hi = views[j], int(offs[j]), int(offs[j] + lens[j])
-            # copied part, intersected with this read extent
-            a = np.maximum(d, lo)
-            b = np.minimum(d + n_copy, hi)
-            m = b > a
-            if m.any():
-                hit = True
-                self.mem.overlay(view, cp.op.src, s[m] + (a[m] - d[m]), a[m], (b - a)[m])
-            a = np.maximum(d + f0, lo)
-            b = np.minimum(d + f1, hi)
-            m = b > a
-            if m.any():
-                hit = True
-                self.mem.overlay_fill(view, oob_origin(cp.op.src), a[m], (b - a)[m],
-                                      s[m] + (a[m] - d[m]) - c.src_nbytes)
-        return hit
+
+def _torn_pieces(c: Clipped, sl: slice, done_b: np.ndarray, offs: np.ndarray, lens: np.ndarray):
+    """The done part (``done_b`` bytes of each) of a copy's in-flight extents ``sl`` that lies
+    in a read's extents ``[offs, offs + lens)``, as pieces: each the intersection of one copy
+    extent with one read extent, in copy extent order (later extents win where they overlap,
+    as when the copy lands).  ``(copied, filled)``: ``copied`` as ``(read extent, src offset,
+    dst offset, length)`` arrays, ``filled`` (bytes read past the source's end) as ``(read
+    extent, dst offset, length, stream offset)``, either None when empty; None when no done
+    byte lies in the read."""
+    n_copy = np.minimum(c.copy_len[sl], done_b)
+    f0, f1 = c.fill_start[sl], np.minimum(c.fill_end[sl], done_b)
+    s, d = c.src[sl], c.dst[sl]
+    offs, lens = np.asarray(offs, np.int64), np.asarray(lens, np.int64)
+    met = _extents_met(offs, offs + lens, (d, d + f0), (d + n_copy, d + f1))
+    if not met.size:
+        return None
+    lo, hi = offs[met][None, :], (offs + lens)[met][None, :]            # (1, read extents met)
+
+    def pieces(start, stop):
+        a = np.maximum(start[:, None], lo)                              # (copy extents, met)
+        b = np.minimum(stop[:, None], hi)
+        i, j = np.nonzero(b > a)                                        # copy extent order
+        return i, met[j], a[i, j], (b - a)[i, j]
+
+    i, j, a, n = pieces(d, d + n_copy)
+    copied = (j, s[i] + (a - d[i]), a, n) if i.size else None
+    i, j, a, n = pieces(d + f0, d + f1)
+    filled = (j, a, n, s[i] + (a - d[i]) - c.src_nbytes) if i.size else None
+    if copied is None and filled is None:
+        return None
+    return copied, filled
+
+
+def _overlay_views(mem: Memory, views, src: str, pieces) -> None:
+    """Write a copy's torn pieces (``_torn_pieces``) into the read's views (one per extent):
+    each view its pieces, the copied ones then the filled ones, in copy extent order."""
+    copied, filled = pieces
+    for part, fill in ((copied, False), (filled, True)):
+        if part is None:
+            continue
+        j = part[0]
+        for k in unique_sorted(j).tolist():
+            m = j == k
+            if fill:
+                mem.overlay_fill(views[k], oob_origin(src), part[1][m], part[2][m], part[3][m])
+            else:
+                mem.overlay(views[k], src, part[1][m], part[2][m], part[3][m])
 
 
 def _extents_met(lo: np.ndarray, hi: np.ndarray, starts: tuple, ends: tuple) -> np.ndarray:
