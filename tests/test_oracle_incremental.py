@@ -263,3 +263,24 @@ def test_a_read_with_copies_in_flight_but_nothing_torn_is_judged_from_the_buffer
     o.check_reads = spy
     e.run()
     assert n["in_flight"] > 0 and (n["flagged"] > 0) == flagged, n
+
+
+def test_page_runs_are_remembered_per_entries_and_keys():
+    """A request's page runs (``KVOracle._page_runs``) are remembered per (entries, expected
+    keys) object: the same entries with other keys (another forward's context) are cut anew,
+    and every result equals a fresh oracle's cut of the same arrays."""
+    e = PrefillEngine(load_scenario("incident-short", V4), 0, keep="report")
+    o, fresh = e.oracle, PrefillEngine(load_scenario("incident-short", V4), 0, keep="report").oracle
+    ent = np.array([5, 6, 7, 64, 65, 130, 131, 132, 133], np.int64)
+    w1 = np.array([1, 1, 1, 1, 1, 2, 2, 2, 2], np.int64)
+    w2 = np.array([1, 1, 3, 3, 3, 3, 3, 4, 4], np.int64)
+    for w in (w1, w2, w1):
+        got = o._page_runs(ent, w, 64)
+        fresh._expected_memo.clear()
+        want = fresh._page_runs(ent, w, 64)
+        assert [a.tolist() for a in got] == [a.tolist() for a in want]
+        assert got[-1].tolist() == w[got[2]].tolist()           # each run's key is its first entry's
+    assert o._page_runs(ent, w1, 64) is o._page_runs(ent, w1, 64)
+    # runs of one page and one key: pages 0 (entries 5-7), 1 (64-65), 2 (130-133) under w1
+    assert o._page_runs(ent, w1, 64)[2].tolist() == [0, 3, 5]
+    assert o._page_runs(ent, w2, 64)[2].tolist() == [0, 2, 3, 5, 7]
