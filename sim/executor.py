@@ -65,6 +65,7 @@ import numpy as np
 import simpy
 
 from sim.arrays import unique_sorted
+from sim.deferred import DeferredRunMemory
 from sim.errors import InputError
 from sim.hb import RACE_LIMIT, _overlap_rows, merge_intervals
 from sim.memory import Clipped, Memory, clip_and_leaves, clipped_plan, oob_origin
@@ -389,6 +390,11 @@ class Executor:
     #: views sliced on first use (``sim.read_views.LazyViews``); False slices every read's at
     #: its capture (the same views: tests/test_speed_lazy_views.py runs both)
     LAZY_VIEWS = True
+    #: a program run with streamed verdicts and lazy views keeps no run memory of its own
+    #: while its verdicts have found nothing raced: the ops not landed yet instead, the memory
+    #: built from the reference when needed (``sim.deferred``); False applies every landing
+    #: (the same run: tests/test_speed_deferred.py runs both)
+    DEFER_RUN_MEMORY = True
 
     def __init__(self, buffers: dict, streams: dict, profile: Profile, *, builder: ScheduleBuilder | None = None,
                  seed: int = 0, ties: TieBreak | None = None, torn: bool = True, materialise: bool = True,
@@ -441,6 +447,13 @@ class Executor:
             from sim.verdicts import OnlineVerdicts     # verdicts imports this module
             self.online = OnlineVerdicts(buffers, streams, hosts, self.mem.table, race_limit=race_limit,
                                          ops=static_ops, memo=self._memo, memory=self.mem)
+        # NOTE: a static schedule's ops are taken when a read needs them, not when issued, so
+        # only a program run's reference is ahead of its run (sim.deferred)
+        self._deferred = (DeferredRunMemory(self.mem, self.online.ref)
+                          if self.DEFER_RUN_MEMORY and self.LAZY_VIEWS and self.online is not None
+                          and static_ops is None and self.mem.material is None and self.online.FAST_READS
+                          else None)
+        self._capture_snap = None                    # (buffer, snapshot) while a deferred read is judged
         for name in streams:
             self.env.process(self._stream(name, self.queues[name]))
 
@@ -506,7 +519,12 @@ class Executor:
             if leaves:                                   # some extent leaves a buffer
                 self.oob.extend(self._oob_reports(op, op.plan.extents, src, dst))
         if self.online is not None:
+            d = self._deferred
+            if d is not None and (op.op == "copy" or op.op == "write") and not d.issued(op, c):
+                self._materialise()
             self.online.issued(op, c)
+            if self._deferred is not None and not self.online.nothing_raced:
+                self._materialise()
         if op.stream is not None:
             if op.op == "wait" and op.bound_record is not None:
                 self._bound[op.index] = self._where[op.bound_record]     # named now, waited for later
@@ -657,7 +675,7 @@ class Executor:
         if merge and len(ranges) == 1 and ranges[0][0].op.src != ranges[0][0].op.dst:
             # NOTE: one copy's items only: in one apply (see below)
             cp, a, b = ranges[0]
-            self.mem.apply_copy(cp.op.src, cp.op.dst, cp.c, cp.extent_slice(a, b))
+            self._land(cp, a, b)
             return
         landed = []
         for cp, a0, n in ranges:
@@ -683,7 +701,34 @@ class Executor:
                 while k < n and landed[k][2] is cp and landed[k][3] == b:
                     b = landed[k][4]
                     k += 1
+            self._land(cp, a, b)
+
+    def _land(self, cp: _Copy, a: int, b: int) -> None:
+        """Items ``[a, b)`` of copy ``cp`` have landed (its items before ``a`` have)."""
+        if self._deferred is None:
             self.mem.apply_copy(cp.op.src, cp.op.dst, cp.c, cp.extent_slice(a, b))
+        else:
+            self._deferred.copy_landed(cp, cp.extent_slice(0, b), cp.extent_slice(a, b))
+
+    # ---------------------------------------------------------------- the run's memory
+    def _materialise(self) -> None:
+        """Build the run's memory and keep it from now on (``sim.deferred``)."""
+        if self._deferred is not None:
+            self.mem = self._deferred.materialise()
+            self._deferred = None
+
+    def run_memory(self) -> Memory:
+        """The run's memory as it stands (the items applied so far; built first if deferred)."""
+        self._materialise()
+        return self.mem
+
+    def contents(self, buffer: str):
+        """The ``CompactBuffer`` of ``buffer`` in the run's memory as it stands; inside the
+        read sink of a read of ``buffer``, what the read saw unless the read is torn."""
+        snap = self._capture_snap
+        if snap is not None and snap[0] == buffer:
+            return snap[1]
+        return self.run_memory().compact[buffer]
 
     # ---------------------------------------------------------------- processes
     def run(self, programs: dict[str, HostProgram], schedule: Schedule | None = None) -> RunResult:
@@ -700,6 +745,9 @@ class Executor:
             raise InputError("hosts", f"the run ended with ops that never completed "
                              f"({[op.id for op in unfinished[:5]]}); hosts {hosts} are blocked (a barrier "
                              "that some named host never reached)")
+        if self._deferred is not None:
+            # every op has landed: the run's memory is the reference's
+            self._materialise()
         if schedule is not None:
             s, digest = schedule, None
         else:
@@ -753,8 +801,10 @@ class Executor:
                 offs, lens = op.extents
                 if kind == "read":
                     self._capture(op)
-                else:
+                elif self._deferred is None:
                     self.mem.apply_write(op)
+                else:
+                    self._deferred.write_landed(op)
                 yield self.env.timeout((int(lens[0]) if lens.size == 1 else int(lens.sum()))
                                        / (self.p.hbm_gbps * 1e3))
             elif kind == "copy":
@@ -807,6 +857,8 @@ class Executor:
         yield self.env.timeout(total)
         self._advance(self.env.now)
         self.active.remove(cp)
+        if self._deferred is not None:
+            self._deferred.copy_done(op)
         if link is not None:
             link.release(req)
 
@@ -834,7 +886,14 @@ class Executor:
             got = _torn_pieces(cp.c, sl, np.asarray(done_b, np.int64), offs, lens)
             if got is not None:
                 torn.append((cp, got))
-        if self.LAZY_VIEWS and self.online is not None and self.mem.material is None:
+        if torn:
+            self._materialise()                 # a torn read races: nothing raced is over
+        if self._deferred is not None:
+            # NOTE: nothing has raced, so the read sees what the reference held when it was taken
+            snap = self.online.read_snapshot(op.index)
+            views = LazyViews(snap, offs, lens)
+            self._capture_snap = (op.buffer, snap)
+        elif self.LAZY_VIEWS and self.online is not None and self.mem.material is None:
             # NOTE: a streamed run hands the capture to its verdicts and forgets it; a fresh read
             # is judged without its views (OnlineVerdicts.captured, the engine's KV oracle), so
             # they are sliced only if something looks at them, from a snapshot of this instant
@@ -860,6 +919,7 @@ class Executor:
         cap = ReadCapture(op.id, op.index, op.stream, op.buffer, t, offs, lens, views, in_flight, overlaid)
         if self.online is not None:
             self.online.captured(cap, self._frontier)
+            self._capture_snap = None
         else:
             self.reads.append(cap)
 

@@ -180,14 +180,25 @@ class Memory:
         """A compact-only Memory holding this one's current contents, sharing its origin
         table and specs, in O(blocks) per buffer (``CompactBuffer.clone``): how the
         happens-before-order memory and the report's initial memory of a run start."""
+        return self.over({name: buf.clone() for name, buf in self.compact.items()})
+
+    def over(self, compact: dict) -> "Memory":
+        """A compact-only Memory of this one's specs and table holding the given
+        ``CompactBuffer`` objects (``{name: buffer}``, not copied: operations on it change
+        them), with no watchers: this module's operations applied to buffers held elsewhere."""
         out = Memory.__new__(Memory)
         out.specs, out.table = self.specs, self.table
-        out.compact = {name: buf.clone() for name, buf in self.compact.items()}
+        out.compact = dict(compact)
         out.material = None
         out.arena = self.arena
         out._same_start = {}
         out._watchers = []
         return out
+
+    def adopt_watchers(self, other: "Memory") -> None:
+        """Take ``other``'s watchers (``other`` is replaced by this memory: see
+        ``sim.deferred``)."""
+        self._watchers = other._watchers
 
     # ---------------------------------------------------------------- setup
     def _init_buffer(self, name, spec):
@@ -251,7 +262,15 @@ class Memory:
         conclusion (the KV oracle's remembered verdicts, ``sim.engine.oracle``)."""
         self._watchers.append((callback, None if buffers is None else frozenset(buffers)))
 
-    def _notify(self, name: str, offsets, lengths) -> None:
+    @property
+    def watched(self) -> bool:
+        """Whether some watcher is registered (:meth:`watch`)."""
+        return bool(self._watchers)
+
+    def notify(self, name: str, offsets, lengths) -> None:
+        """Tell the watchers of ``name`` that bytes ``[offsets, offsets + lengths)`` were
+        written (what :meth:`write_units` and :meth:`apply_copy` do; a caller that keeps the
+        bytes elsewhere, ``sim.deferred``, tells them itself)."""
         for callback, names in self._watchers:
             if names is None or name in names:
                 callback(name, offsets, lengths)
@@ -261,7 +280,7 @@ class Memory:
         extent) applies only that prefix of each (an in-flight item)."""
         self._apply_copy(src, dst, c, sel, done)
         if self._watchers:
-            self._notify(dst, c.dst[sel], c.length[sel])
+            self.notify(dst, c.dst[sel], c.length[sel])
 
     def _apply_copy(self, src: str, dst: str, c: Clipped, sel, done) -> None:
         if done is None:
@@ -311,7 +330,7 @@ class Memory:
             else:
                 m.fill_groups(offsets, lengths, origins, soffs)
         if self._watchers:
-            self._notify(name, offsets, lengths)
+            self.notify(name, offsets, lengths)
 
     def apply_write(self, op) -> None:
         """Apply a ``write`` op (:class:`sim.schedule.WriteOp`): every layer it writes."""

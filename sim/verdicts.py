@@ -671,6 +671,19 @@ class OnlineVerdicts:
         if self.FAST_READS:
             self.races.on_race = self._raced
 
+    @property
+    def nothing_raced(self) -> bool:
+        """No race, indeterminate byte or intra-launch double write found so far: every read
+        captured so far was fresh (``captured``), and the run's bytes equal the reference's
+        wherever the run has landed what the reference applied (``sim.deferred``)."""
+        return self.races.total == 0 and not self._indet and not self.intra and not self._writers_raced
+
+    def read_snapshot(self, index: int):
+        """The reference's buffer when read ``index`` (taken, not captured) was taken: a
+        ``CompactBuffer`` snapshot (with ``FAST_READS``; else None)."""
+        got = self._expected.get(index)
+        return got[0] if got is not None and self.FAST_READS else None
+
     # ---- ops, in issue order
     def issued(self, op, clipped=None) -> None:
         """The executor issued ``op`` (a copy with its clipped extents): take it.  A static

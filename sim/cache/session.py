@@ -534,14 +534,14 @@ class CacheSession:
         """The run's :class:`sim.memory.Memory` now (every copy item landed so far applied;
         an item still in flight is not shown)."""
         self._ex._advance(self.env.now)
-        return self._ex.mem
+        return self._ex.run_memory()
 
     def buffer_contents(self, buffer: str):
         """The :class:`~sim.bytes.compact.CompactBuffer` of ``buffer`` in the run's memory as
         it stands (the items the executor has applied; :attr:`memory` first applies those
         landed by now).  Inside a read sink (:meth:`set_read_sink`) it holds what the read
         saw unless the done part of a copy item mid-flight lay in its bytes (``capture.torn``)."""
-        return self._ex.mem.compact[buffer]
+        return self._ex.contents(buffer)
 
     def bytes_of(self, buffer: str, layer: int, units) -> list[list[dict]]:
         """Per unit (token row or page) of ``buffer`` at ``layer``: whose bytes it holds
@@ -616,7 +616,7 @@ class CacheSession:
             ex = self._ex
             s = ex.builder.finish().schedule()
             report = ex.online is not None
-            self._result = RunResult(schedule=s, profile=ex.p, memory=ex.mem, reads=ex.reads, timings=ex.timings,
+            self._result = RunResult(schedule=s, profile=ex.p, memory=ex.run_memory(), reads=ex.reads, timings=ex.timings,
                                      tie_orders=ex.tie_orders, oob=ex.oob, end_us=self.env.now,
                                      item_end_us=ex.item_end_us, access_us=ex.access_us,
                                      access_seq=ex.access_seq, torn=ex.torn, unbound=list(s.unbound),
