@@ -51,6 +51,55 @@ def _pieces(rng, end, k, st, oid, so):
     return ns.astype(np.int64), ne.astype(np.int64), noid, nso
 
 
+def _window_write_by_sorting(st, oid, soff, end, ns, ne, noid, nsoff):
+    """``_window_write`` as it was first written: every old row's start searched among the
+    pieces, the kept rows, pieces and resume rows sorted together (the reference the
+    index-arithmetic version is checked against)."""
+    S = len(st)
+    lo, hi = int(ns[0]), int(ne[-1])
+    i0 = int(np.searchsorted(st, lo, side="right")) - 1
+    i1 = int(np.searchsorted(st, hi, side="left"))
+    ws, wo, wf = st[i0:i1], oid[i0:i1], soff[i0:i1]
+    j = np.searchsorted(ns, ws, side="right") - 1
+    covered = (j >= 0) & (ws < ne[np.maximum(j, 0)])
+    nxt_start = np.empty(len(ns), dtype=np.int64)
+    nxt_start[:-1] = ns[1:]
+    nxt_start[-1] = -1
+    k = np.searchsorted(st, ne, side="right") - 1
+    resume = (ne < end) & (ne != nxt_start) & (st[k] != ne)
+    rk = k[resume]
+    pos = np.concatenate([ws[~covered], ns, ne[resume]])
+    po = np.concatenate([wo[~covered], noid, oid[rk]])
+    pf = np.concatenate([wf[~covered], nsoff, soff[rk] + (ne[resume] - st[rk])])
+    srt = np.argsort(pos, kind="stable")
+    a, b = max(i0 - 1, 0), min(i1 + 1, S)
+    pos = np.concatenate([st[a:i0], pos[srt], st[i1:b]])
+    po = np.concatenate([oid[a:i0], po[srt], oid[i1:b]])
+    pf = np.concatenate([soff[a:i0], pf[srt], soff[i1:b]])
+    keep = _coalesce_mask(pos, po, pf)
+    pos, po, pf = pos[keep], po[keep], pf[keep]
+    return (np.concatenate([st[:a], pos, st[b:]]), np.concatenate([oid[:a], po, oid[b:]]),
+            np.concatenate([soff[:a], pf, soff[b:]]))
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_window_write_equals_the_sorting_version(seed):
+    """The window write places rows by index arithmetic; sorting them gives the same arrays,
+    on random coalesced windows (few and many rows) and pieces (touching, continuing their
+    neighbours or the rows they overwrite, at the window's ends)."""
+    rng = np.random.default_rng(seed)
+    end = int(rng.choice([8, 64, 4096, 1 << 20]))
+    st, oid, so = _coalesced_window(rng, end, int(rng.integers(0, min(end, 3000))))
+    ns, ne, noid, nso = _pieces(rng, end, int(rng.integers(1, 200)), st, oid, so)
+    if ns.size == 0:
+        return
+    want = _window_write_by_sorting(st, oid, so, end, ns, ne, noid, nso)
+    got = _window_write(st, oid, so, end, ns, ne, noid, nso)
+    assert [x.tolist() for x in got] == [x.tolist() for x in want]
+    assert all(x.dtype == np.int64 for x in got)
+    assert (np.diff(got[0]) > 0).all() and _coalesce_mask(*got).all()
+
+
 @pytest.mark.parametrize("seed", range(100))
 def test_window_write_few_equals_window_write(seed):
     rng = np.random.default_rng(seed)

@@ -537,31 +537,51 @@ def _window_gather(st, oid, soff, end: int, s_off, lens):
 def _window_write(st, oid, soff, end: int, ns, ne, noid, nsoff):
     """A window's segments after writing disjoint, sorted, non-empty pieces
     that lie inside it (its last segment runs to ``end``).  Returns new arrays,
-    coalesced."""
+    coalesced.
+
+    The old rows a piece replaces are those starting inside it (one index range per piece,
+    found by searching the pieces' bounds among the rows: O(k log W)); the rows kept, the
+    pieces and the rows where the old contents resume after a piece are already in order
+    gap by gap (the rows before piece 0, piece 0, its resume row, the rows between it and
+    piece 1, ...), so they are placed by index arithmetic, O(W + k), without sorting the
+    window."""
     S = len(st)
     lo, hi = int(ns[0]), int(ne[-1])
     i0 = int(np.searchsorted(st, lo, side="right")) - 1
     i1 = int(np.searchsorted(st, hi, side="left"))
-    ws, wo, wf = st[i0:i1], oid[i0:i1], soff[i0:i1]
-    # old boundaries that no new piece covers
-    j = np.searchsorted(ns, ws, side="right") - 1
-    covered = (j >= 0) & (ws < ne[np.maximum(j, 0)])
-    # where the old contents resume after a piece (unless a boundary is there)
-    nxt_start = np.empty(len(ns), dtype=_I64)
+    ws = st[i0:i1]
+    W, k = i1 - i0, len(ns)
+    c0 = ws.searchsorted(ns, "left")              # the first row each piece replaces
+    c1 = ws.searchsorted(ne, "left")              # the first row after it (>= 1: ws[0] <= lo)
+    # the old contents resume after a piece where no row starts at its end, the next piece
+    # does not start there and the buffer does not end there; from the row before c1
+    after = np.append(ws, st[i1] if i1 < S else end)[c1]
+    nxt_start = np.empty(k, dtype=_I64)
     nxt_start[:-1] = ns[1:]
     nxt_start[-1] = -1
-    k = np.searchsorted(st, ne, side="right") - 1
-    resume = (ne < end) & (ne != nxt_start) & (st[k] != ne)
-    rk = k[resume]
-    pos = np.concatenate([ws[~covered], ns, ne[resume]])
-    po = np.concatenate([wo[~covered], noid, oid[rk]])
-    pf = np.concatenate([wf[~covered], nsoff, soff[rk] + (ne[resume] - st[rk])])
-    srt = np.argsort(pos, kind="stable")
+    resume = (ne < end) & (ne != nxt_start) & (after != ne)
+    # the kept rows, gap by gap: [0, c0[0]), [c1[0], c0[1]), ..., [c1[-1], W)
+    g0 = np.concatenate(([0], c1))
+    cnt = np.concatenate((c0, [W])) - g0
+    kept = i0 + np.repeat(g0, cnt) + _ranks(cnt)
+    # places: gap q's rows follow the q pieces and the resume rows before them
+    r = resume.astype(_I64)
+    rb = np.cumsum(r) - r                         # resume rows before each piece
+    at = np.cumsum(cnt[:-1]) + np.arange(k, dtype=_I64) + rb
+    n = kept.size + k + int(r.sum())
+    rk = i0 + c1[resume] - 1
+    ra = at[resume] + 1
+    gap_shift = np.concatenate(([0], np.arange(1, k + 1, dtype=_I64) + np.cumsum(r)))   # new rows before gap q
+    old_at = np.arange(kept.size, dtype=_I64) + np.repeat(gap_shift, cnt)
+    pos, po, pf = np.empty(n, _I64), np.empty(n, _I64), np.empty(n, _I64)
+    pos[old_at], po[old_at], pf[old_at] = st[kept], oid[kept], soff[kept]
+    pos[at], po[at], pf[at] = ns, noid, nsoff
+    pos[ra], po[ra], pf[ra] = ne[resume], oid[rk], soff[rk] + (ne[resume] - st[rk])
     # coalesce, including the neighbours just outside [i0, i1)
     a, b = max(i0 - 1, 0), min(i1 + 1, S)
-    pos = np.concatenate([st[a:i0], pos[srt], st[i1:b]])
-    po = np.concatenate([oid[a:i0], po[srt], oid[i1:b]])
-    pf = np.concatenate([soff[a:i0], pf[srt], soff[i1:b]])
+    pos = np.concatenate([st[a:i0], pos, st[i1:b]])
+    po = np.concatenate([oid[a:i0], po, oid[i1:b]])
+    pf = np.concatenate([soff[a:i0], pf, soff[i1:b]])
     keep = _coalesce_mask(pos, po, pf)
     if not keep.all():
         pos, po, pf = pos[keep], po[keep], pf[keep]
