@@ -869,6 +869,20 @@ class _LiveBuffer:
             made.extend(zip(*(c[r0:].tolist() for c in cols)))
         return made
 
+    def _rows_at(self, idx) -> list[tuple]:
+        """The tuples of rows ``idx`` (ascending indices), as :attr:`rows` has them, made only
+        for those rows: the made prefix's where it reaches, the rest read from the columns (and
+        not kept: the made tuples stay a prefix of the rows)."""
+        made = self._rows
+        m = len(made)
+        if not len(idx) or idx[-1] < m:
+            return [made[r] for r in idx]
+        k = bisect.bisect_left(idx, m)
+        rest = np.asarray(idx[k:], np.int64)
+        out = [made[r] for r in idx[:k]]
+        out.extend(zip(*(c[rest].tolist() for c in self.columns())))
+        return out
+
     def _index(self, r: int, s: int, e: int) -> None:
         sh = self.BUCKET_SHIFT
         b0, b1 = s >> sh, (e - 1) >> sh
@@ -944,9 +958,7 @@ class _LiveBuffer:
             S, E = self.columns()[:2]
             self._index_many(r0, S[r0:], E[r0:])
         else:
-            rows = self._rows if len(self._rows) == r1 else self.rows
-            for r in range(r0, r1):
-                row = rows[r]
+            for r, row in zip(range(r0, r1), self._rows_at(range(r0, r1))):
                 self._index(r, row[0], row[1])
         self._indexed = r1
 
@@ -966,8 +978,7 @@ class _LiveBuffer:
         lst = self.buckets.get(lo >> sh)
         if not lst:
             return []
-        rows = self._rows if len(self._rows) == self._n else self.rows
-        return [row for row in map(rows.__getitem__, lst) if row[0] < hi and row[1] > lo]
+        return [row for row in self._rows_at(lst) if row[0] < hi and row[1] > lo]
 
     def columns(self) -> tuple:
         """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order
@@ -1025,10 +1036,9 @@ class _LiveBuffer:
         got = self._bucket_rows(s, e)
         if got is not None:
             return got
-        rows = self.rows
         idx = self._rows_overlapping(s, e, s_arr, e_arr)
         if idx is not None:
-            return [rows[r] for r in idx.tolist()]
+            return self._rows_at(idx.tolist())
         return self._overlapping_py(s, e)
 
     def racing(self, s: list, e: list, s_arr, e_arr, write: bool, clock: np.ndarray, cl: list | None):
@@ -1071,20 +1081,17 @@ class _LiveBuffer:
                         cand.update(lst)
             if not cand:
                 return []
-            cand = sorted(cand)
+            cand = self._rows_at(sorted(cand))
         else:
-            cand = range(self._n)
-        rows = self.rows
+            cand = self.rows
         out = []
         if len(s) == 1:
             lo, hi = s[0], e[0]
-            for r in cand:
-                row = rows[r]
+            for row in cand:
                 if row[0] < hi and row[1] > lo:
                     out.append(row)
             return out
-        for r in cand:
-            row = rows[r]
+        for row in cand:
             j = bisect.bisect_right(e, row[0])        # first interval ending after the row's start
             if j < len(s) and s[j] < row[1]:
                 out.append(row)

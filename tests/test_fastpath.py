@@ -127,12 +127,13 @@ def test_live_buffer_overlapping_equals_a_scan():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2 ** 31), st.lists(st.sampled_from(["narrow", "wide", "query", "racing", "prune", "rows"]),
-                                          min_size=1, max_size=40))
+@given(st.integers(0, 2 ** 31), st.lists(st.sampled_from(["narrow", "wide", "query", "racing", "prune", "rows",
+                                                          "rows_at"]), min_size=1, max_size=40))
 def test_live_buffer_rows_made_on_demand_equal_the_rows_appended(seed, steps):
     """Rows appended as intervals (one, or hundreds as arrays), their tuples made only when a
-    Python query needs them, pruned by random floors: ``rows``, ``n``, ``writes``, ``ops()`` and
-    every query equal a plain list of every row appended, filtered by the same floors."""
+    Python query needs them (only for the rows it looks at: ``_rows_at``), pruned by random
+    floors: ``rows``, ``n``, ``writes``, ``ops()``, ``_rows_at`` and every query equal a plain
+    list of every row appended, filtered by the same floors."""
     rng = np.random.default_rng(seed)
     lb, ref, k = _LiveBuffer(), [], 0
     for step in steps:
@@ -159,6 +160,11 @@ def test_live_buffer_rows_made_on_demand_equal_the_rows_appended(seed, steps):
             floor = rng.integers(0, k + 2, 3).tolist()
             lb.keep_after(floor)
             ref = [r for r in ref if floor[r[3]] < r[4]]
+        elif step == "rows_at":
+            made = len(lb._rows)
+            idx = sorted(set(rng.integers(0, max(len(ref), 1), int(rng.integers(0, 20))).tolist()) & set(range(len(ref))))
+            assert lb._rows_at(idx) == [ref[i] for i in idx]
+            assert len(lb._rows) == made                # no tuple made for the prefix
         else:
             assert lb.rows == ref
         assert lb.n == len(ref) and lb.writes == sum(r[5] for r in ref) and sorted(lb.ops()) == sorted(
