@@ -11,7 +11,7 @@ requests.  ``--keep report`` (default) is the streaming engine ``kvrace run`` us
 ``--keep all`` keeps the whole run and judges it at the end (the engine's path before
 streaming, and what ``--export-races`` / ``--trace`` still use).  ``--sample-every N``: every
 N batches, the resident set (``/proc/self/statm``), the peak, the provenance segments of the
-run's memory, the origins and the KV oracle's content keys (the row's ``samples``).  Issue 9's target is 10 simulated minutes of
+memory the run holds (``CacheSession.memory_held``: the reference while the run's is deferred), the origins and the KV oracle's content keys (the row's ``samples``).  Issue 9's target is 10 simulated minutes of
 ``incident`` in at most 60 s and 2 GiB on one core.
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _run_sampled(e, every: int) -> tuple:
         b = e.counts["batches"]
         if b % every == 0 and b != last:
             last = b
-            mem = e.session.memory
+            mem = e.session.memory_held         # NOTE: .memory would end the run's deferred memory
             samples.append({"batches": b, "sim_s": e.session.now / 1e6, "rss_mib": _rss_mib(),
                             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                             "segments": sum(c.segment_count() for c in mem.compact.values()),

@@ -722,6 +722,12 @@ class Executor:
         self._materialise()
         return self.mem
 
+    def memory_held(self) -> Memory:
+        """The memory this run holds now, without building anything: the run's, or while it is
+        deferred the happens-before-order reference (the run's once every op issued has
+        landed): what a memory sample of a long run should count."""
+        return self.mem if self._deferred is None else self.online.ref
+
     def contents(self, buffer: str):
         """The ``CompactBuffer`` of ``buffer`` in the run's memory as it stands; inside the
         read sink of a read of ``buffer``, what the read saw unless the read is torn."""

@@ -143,3 +143,30 @@ def test_the_memory_built_while_a_copy_is_part_way_holds_its_landed_items(then_w
         assert deferred == eager
         part_way += any(0 < n < 256 for n in deferred[0]["landed"])
     assert part_way, "the memory was never built with a copy part-way"
+
+
+def test_memory_held_does_not_build_the_runs_memory_and_memory_does():
+    """Stepping an engine run where nothing races: ``memory_held`` is the reference while the
+    run's memory is deferred (sampling it builds nothing); ``memory`` builds the run's (the
+    same contents then) and ends the deferral; the run ends as a plain run does."""
+    sets = ["run.duration_s=2"]
+    e = PrefillEngine(load_scenario("incident-repro", sets), 0, keep="report")
+    ex = e.session._ex
+    e.start()
+    for _ in range(12):
+        assert e.step()
+    assert ex._deferred is not None
+    held = e.session.memory_held
+    assert held is ex.online.ref and ex._deferred is not None
+    for _ in range(3):
+        assert e.step()
+    assert ex._deferred is not None
+    built = e.session.memory
+    assert ex._deferred is None and e.session.memory_held is built is ex.mem and built is not held
+    while e.step():
+        pass
+    r = dataclasses.asdict(e.finish())
+    r.pop("wall_time_s")
+    plain = dataclasses.asdict(PrefillEngine(load_scenario("incident-repro", sets), 0, keep="report").run())
+    plain.pop("wall_time_s")
+    assert r == plain

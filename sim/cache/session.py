@@ -536,6 +536,14 @@ class CacheSession:
         self._ex._advance(self.env.now)
         return self._ex.run_memory()
 
+    @property
+    def memory_held(self):
+        """The :class:`sim.memory.Memory` the run holds now, built from nothing: :attr:`memory`,
+        or while the executor defers it (``sim.deferred``: nothing has raced) the
+        happens-before-order reference; asking for :attr:`memory` then builds the run's and
+        ends the deferral."""
+        return self._ex.memory_held()
+
     def buffer_contents(self, buffer: str):
         """The :class:`~sim.bytes.compact.CompactBuffer` of ``buffer`` in the run's memory as
         it stands (the items the executor has applied; :attr:`memory` first applies those
