@@ -930,6 +930,10 @@ class Executor:
             self.reads.append(cap)
 
 
+#: ``_torn_pieces`` intersects at most about this many (copy extent, read extent) pairs at once
+TORN_PAIRS = 1 << 20
+
+
 def _torn_pieces(c: Clipped, sl: slice, done_b: np.ndarray, offs: np.ndarray, lens: np.ndarray):
     """The done part (``done_b`` bytes of each) of a copy's in-flight extents ``sl`` that lies
     in a read's extents ``[offs, offs + lens)``, as pieces: each the intersection of one copy
@@ -945,13 +949,23 @@ def _torn_pieces(c: Clipped, sl: slice, done_b: np.ndarray, offs: np.ndarray, le
     met = _extents_met(offs, offs + lens, (d, d + f0), (d + n_copy, d + f1))
     if not met.size:
         return None
-    lo, hi = offs[met][None, :], (offs + lens)[met][None, :]            # (1, read extents met)
+    # NOTE: (copy extents x read extents met) at a time, in chunks of read extents that keep
+    # the pairs under TORN_PAIRS, then in copy extent order
+    step = max(1, TORN_PAIRS // max(1, d.size))
 
     def pieces(start, stop):
-        a = np.maximum(start[:, None], lo)                              # (copy extents, met)
-        b = np.minimum(stop[:, None], hi)
-        i, j = np.nonzero(b > a)                                        # copy extent order
-        return i, met[j], a[i, j], (b - a)[i, j]
+        got = []
+        for c0 in range(0, met.size, step):
+            m = met[c0:c0 + step]
+            a = np.maximum(start[:, None], offs[m][None, :])            # (copy extents, chunk)
+            b = np.minimum(stop[:, None], (offs + lens)[m][None, :])
+            i, j = np.nonzero(b > a)
+            got.append((i, m[j], a[i, j], (b - a)[i, j]))
+        i, j, a, n = (np.concatenate(x) for x in zip(*got))
+        if len(got) > 1:
+            o = np.argsort(i, kind="stable")
+            i, j, a, n = i[o], j[o], a[o], n[o]
+        return i, j, a, n
 
     i, j, a, n = pieces(d, d + n_copy)
     copied = (j, s[i] + (a - d[i]), a, n) if i.size else None

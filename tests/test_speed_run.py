@@ -346,3 +346,44 @@ def test_extents_met_equals_the_per_extent_test(extents, copied, filled):
                                                         np.concatenate([p[1] for p in parts]).tolist()))
             for l, h in zip(lo.tolist(), hi.tolist())]
     assert got.tolist() == np.flatnonzero(want).tolist()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 12)), min_size=1, max_size=20),
+       st.lists(st.tuples(st.integers(0, 70), st.integers(0, 70), st.integers(0, 12), st.integers(0, 14),
+                          st.integers(0, 14)), min_size=1, max_size=12),
+       st.sampled_from([1, 3, 7]))
+def test_torn_pieces_are_each_copy_extent_met_with_each_read_extent_in_copy_extent_order(extents, copy, pairs):
+    """``_torn_pieces``: every (copy extent, read extent) intersection of the done part (the
+    copied bytes ``min(copy_len, done)``, then the bytes read past the source up to ``done``),
+    in copy extent order, the same whether the pairs are intersected at once or in chunks of
+    ``TORN_PAIRS`` (here 1, 3 or 7)."""
+    import sim.executor as X
+    from sim.memory import Clipped
+    offs = np.array([o for o, _ in extents], np.int64)
+    lens = np.array([n for _, n in extents], np.int64)
+    src, dst, clen, fend, done = (np.array(x, np.int64) for x in zip(*copy))
+    fend = np.maximum(fend, clen)
+    c = Clipped(src, dst, fend, np.zeros(src.size, np.int64), clen, clen.copy(), fend, 100)
+    want_c, want_f = [], []
+    for i in range(src.size):
+        n = min(int(clen[i]), int(done[i]))
+        f1 = min(int(fend[i]), int(done[i]))
+        for j, (lo, hi) in enumerate(zip(offs.tolist(), (offs + lens).tolist())):
+            a, b = max(int(dst[i]), lo), min(int(dst[i]) + n, hi)
+            if b > a:
+                want_c.append((j, int(src[i]) + a - int(dst[i]), a, b - a))
+            a, b = max(int(dst[i]) + int(clen[i]), lo), min(int(dst[i]) + f1, hi)
+            if b > a:
+                want_f.append((j, a, b - a, int(src[i]) + a - int(dst[i]) - 100))
+    whole = X._torn_pieces(c, slice(None), done, offs, lens)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(X, "TORN_PAIRS", pairs)
+        chunked = X._torn_pieces(c, slice(None), done, offs, lens)
+    for got in (whole, chunked):
+        if not (want_c or want_f):
+            assert got is None
+            continue
+        copied, filled = got
+        assert (list(zip(*(x.tolist() for x in copied))) if copied is not None else []) == want_c
+        assert (list(zip(*(x.tolist() for x in filled))) if filled is not None else []) == want_f
