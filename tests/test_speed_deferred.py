@@ -170,3 +170,31 @@ def test_memory_held_does_not_build_the_runs_memory_and_memory_does():
     plain = dataclasses.asdict(PrefillEngine(load_scenario("incident-repro", sets), 0, keep="report").run())
     plain.pop("wall_time_s")
     assert r == plain
+
+
+def test_a_copy_within_one_buffer_builds_the_memory_when_issued():
+    """A copy whose source is its destination reads what its earlier items wrote as they land
+    (``sim.deferred``): the run's memory is built when it is issued, and both ways give the
+    same run."""
+    steps = [("issue", {"op": "write", "stream": STREAMS[0], "buffer": "D", "layer": 0, "units": [0, 1, 2, 3],
+                        "owner": 101}),
+             ("issue", {"op": "copy", "stream": STREAMS[1], "routine": "kernel_per_layer", "src": "D", "dst": "D",
+                        "args": {"layer": 0, "src_indices": [0, 1, 2], "dst_indices": [1, 2, 3]}}),
+             ("delay", 40.0),
+             ("issue", {"op": "read", "stream": STREAMS[1], "buffer": "D", "layer": 0, "units": [0, 1, 2, 3]})]
+    built = []
+
+    def run():
+        orig = Executor._materialise
+
+        def spy(self):
+            if self._deferred is not None:
+                built.append(self.env.now)
+            orig(self)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Executor, "_materialise", spy)
+            return _programs_run(steps, [], 0, 0, None)
+
+    deferred, eager = both_ways(Executor, "DEFER_RUN_MEMORY", run)
+    assert deferred[0] == eager[0] and deferred[1] == eager[1] and deferred[3] == eager[3]
+    assert built == [0.0]                # at the copy's issue, not at the end
