@@ -34,8 +34,8 @@ def _views(views) -> list:
 
 def _programs_run(a, b, n_barriers, seed, build_at):
     """Two host programs streamed; at the ``build_at``-th read (None: never) the run's memory
-    is asked for.  Returns (report, reads seen, memory asked for, final memory, deferred at
-    the end's last op)."""
+    is asked for.  Returns (report, reads seen, memory asked for, final memory, [whether the
+    run started deferred])."""
     doc = {"kvrace_schedule": 2, "name": "programs", "hosts": HOSTS, "buffers": base_buffers(),
            "streams": STREAMS, "events": EVENTS, "ops": []}
     builder = ScheduleBuilder(doc, max_ops=None, keep_ops=False)

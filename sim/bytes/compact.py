@@ -555,7 +555,8 @@ def _window_write(st, oid, soff, end: int, ns, ne, noid, nsoff):
     c1 = ws.searchsorted(ne, "left")              # the first row after it (>= 1: ws[0] <= lo)
     # the old contents resume after a piece where no row starts at its end, the next piece
     # does not start there and the buffer does not end there; from the row before c1
-    after = np.append(ws, st[i1] if i1 < S else end)[c1]
+    j = i0 + c1
+    after = np.where(j < S, st[np.minimum(j, S - 1)], end)
     nxt_start = np.empty(k, dtype=_I64)
     nxt_start[:-1] = ns[1:]
     nxt_start[-1] = -1
@@ -564,15 +565,15 @@ def _window_write(st, oid, soff, end: int, ns, ne, noid, nsoff):
     g0 = np.concatenate(([0], c1))
     cnt = np.concatenate((c0, [W])) - g0
     kept = i0 + np.repeat(g0, cnt) + _ranks(cnt)
-    # places: gap q's rows follow the q pieces and the resume rows before them
+    # places: gap q's rows follow the q pieces and the resume rows before them (``shift[q]``
+    # new rows); piece q follows gap q
     r = resume.astype(_I64)
-    rb = np.cumsum(r) - r                         # resume rows before each piece
-    at = np.cumsum(cnt[:-1]) + np.arange(k, dtype=_I64) + rb
+    shift = np.concatenate(([0], np.arange(1, k + 1, dtype=_I64) + np.cumsum(r)))
+    old_at = np.arange(kept.size, dtype=_I64) + np.repeat(shift, cnt)
+    at = np.cumsum(cnt[:-1]) + shift[:-1]
     n = kept.size + k + int(r.sum())
-    rk = i0 + c1[resume] - 1
+    rk = j[resume] - 1
     ra = at[resume] + 1
-    gap_shift = np.concatenate(([0], np.arange(1, k + 1, dtype=_I64) + np.cumsum(r)))   # new rows before gap q
-    old_at = np.arange(kept.size, dtype=_I64) + np.repeat(gap_shift, cnt)
     pos, po, pf = np.empty(n, _I64), np.empty(n, _I64), np.empty(n, _I64)
     pos[old_at], po[old_at], pf[old_at] = st[kept], oid[kept], soff[kept]
     pos[at], po[at], pf[at] = ns, noid, nsoff
