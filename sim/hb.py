@@ -978,7 +978,9 @@ class _LiveBuffer:
         lst = self.buckets.get(lo >> sh)
         if not lst:
             return []
-        return [row for row in self._rows_at(lst) if row[0] < hi and row[1] > lo]
+        made = self._rows
+        rows = map(made.__getitem__, lst) if lst[-1] < len(made) else self._rows_at(lst)
+        return [row for row in rows if row[0] < hi and row[1] > lo]
 
     def columns(self) -> tuple:
         """The live rows as numpy columns ``(start, end, op, comp, pos, write)``, in row order
