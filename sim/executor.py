@@ -579,8 +579,33 @@ class Executor:
         if got is None:
             if len(self._plan_memo) >= self.PLAN_MEMO_SIZE:
                 self._plan_memo.clear()
-            got = self._plan_memo[key] = (plan, make())
+            value = self._shifted(plan, what) if getattr(plan, "base", None) is not None else None
+            got = self._plan_memo[key] = (plan, make() if value is None else value)
         return got[1]
+
+    def _shifted(self, plan, what: tuple):
+        """The memo's ``what`` of a layer-shifted plan (``CopyPlan.base``, ``shift``) from its
+        base's, when the memo holds the base's and it derives (else None: made afresh).
+
+        Item times derive from the lengths, items and launch, which are the base's own.  Byte
+        accesses are the base's shifted when neither plan has an extent leaving a buffer (then
+        no extent is clipped, and merging intervals commutes with a shift)."""
+        memo, base = self._plan_memo, plan.base
+        got = memo.get((id(base),) + what)
+        if got is None or got[0] is not base:
+            return None
+        if what[0] == "times":
+            return got[1]
+        if what[0] == "accesses":
+            clip = ("clip",) + what[1:]
+            mine, theirs = memo.get((id(plan),) + clip), memo.get((id(base),) + clip)
+            if mine is None or theirs is None or mine[0] is not plan or theirs[0] is not base \
+                    or mine[1][1] or theirs[1][1]:
+                return None
+            ds, dd = plan.shift
+            rs, re_, ws, we = got[1]
+            return rs + ds, re_ + ds, ws + dd, we + dd
+        return None
 
     def _copy_shape(self, plan, timing, item):
         """What a copy's run derives from its plan and link: its items' start and end

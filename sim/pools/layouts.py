@@ -249,6 +249,12 @@ class PagedLayout(_EntryGeometry):
         idx = np.asarray(idx, dtype=np.int64)
         return np.int64(layer) * np.int64(self.layer_bytes) + idx * np.int64(self.page_bytes)
 
+    @property
+    def layer_stride(self) -> int:
+        """``unit_offsets(L, idx) == unit_offsets(0, idx) + L * layer_stride`` for every layer and
+        unit (layer-major: a layer's bytes)."""
+        return self.layer_bytes
+
     def describe(self, offset: int) -> dict:
         """What lives at byte ``offset``: layer, page, entry/token, field, byte."""
         offset = int(offset)
@@ -326,6 +332,17 @@ class HostLayout(_EntryGeometry):
         ps = np.int64(self.page_size)
         page, e = np.divmod(idx, ps)
         return page * (nl * ps * ub) + L * (ps * ub) + e * ub
+
+    @property
+    def layer_stride(self) -> int:
+        """``unit_offsets(L, idx) == unit_offsets(0, idx) + L * layer_stride`` for every layer and
+        unit, in each layout: a layer's units (``layer_first``), one unit (``page_first``: a
+        unit's layers side by side), a page's units (``page_first_direct``)."""
+        if self.layout == "layer_first":
+            return self.units * self.unit_bytes
+        if self.layout == "page_first":
+            return self.unit_bytes
+        return self.page_size * self.unit_bytes
 
     def describe(self, offset: int) -> dict:
         offset = int(offset)

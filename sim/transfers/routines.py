@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -148,9 +148,17 @@ class Launch:
 
 @dataclass(frozen=True)
 class CopyPlan:
+    """A copy's extents and launch.  ``base``/``shift``: a plan derived from another layer's
+    plan of the same copy (:data:`LAYER_SHIFTED`): ``extents`` are ``base``'s with ``shift``
+    (bytes on the source side, on the destination side) added to every offset, the lengths,
+    items and launch ``base``'s own objects, so what derives from those alone (item times)
+    is ``base``'s, and what derives from offsets is ``base``'s shifted."""
+
     routine: str
     extents: Extents
     launch: Launch
+    base: "CopyPlan | None" = field(default=None, compare=False, repr=False)
+    shift: tuple[int, int] = field(default=(0, 0), compare=False, repr=False)
 
     @property
     def n_items(self) -> int:
@@ -685,6 +693,8 @@ def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -
     short argument lists are cached (``PLAN_CACHE_SIZE``): the same inputs give the
     same ``CopyPlan`` object, whose arrays callers must not modify.
     """
+    if routine in LAYER_SHIFTED:
+        return _layer_shifted(routine, src_layout, dst_layout, args, where)
     key = _plan_key(routine, src_layout, dst_layout, args)
     if key is not None:
         got = _plan_cache.get(key)
@@ -692,13 +702,86 @@ def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -
             return got
     out = _plan(routine, src_layout, dst_layout, args, where)
     if key is not None:
-        e = out.extents
-        for a in (e.src, e.dst, e.length, e.item):
-            a.setflags(write=False)     # shared from now on
+        _lock(out.extents)
         if len(_plan_cache) >= PLAN_CACHE_SIZE:
             _plan_cache.clear()     # NOTE: bounded memory; a run's working set refills it at once
         _plan_cache[key] = out
     return out
+
+
+#: routines whose plan depends on their ``layer`` argument only through the layouts' layer
+#: offsets: the plan of layer ``L`` is that of layer ``L0`` with every source offset moved by
+#: ``(L - L0) * src_layout.layer_stride`` and every destination offset by the destination's
+#: (``_row_copy`` of one layer: ``unit_offsets(L, idx)``; the kept items and the item bytes do
+#: not depend on the layer).  ``tests/test_speed_plans.py`` compares them with planning afresh.
+LAYER_SHIFTED = frozenset({"kernel_per_layer"})
+#: copies (arguments but the layer) whose plans ``_layer_shifted`` keeps, each with its plans
+#: by layer (cleared when full, as the plan cache)
+LAYER_FAMILIES_SIZE = 64
+_layer_families: dict = {}
+
+
+def _family_key(routine, src_layout, dst_layout, args):
+    """A hashable key of everything but the ``layer`` of a copy's arguments (index lists of any
+    length: a load-back's lists are planned once per layer and pool), or None."""
+    if type(args) is not dict or "layer" not in args:
+        return None
+    items = []
+    for k, v in args.items():
+        if k == "layer":
+            continue
+        t = type(v)
+        if t is list or t is tuple:
+            if v and set(map(type, v)) != _INT_TYPE:
+                return None
+            kv = (t, tuple(v))
+        else:
+            kv = _arg_key(v)
+        if kv is None or type(k) is not str:
+            return None
+        items.append((k, kv))
+    items.sort()
+    ts, td = _layout_token(src_layout), _layout_token(dst_layout)
+    if ts is None or td is None:
+        return None
+    return (routine, ts, td, tuple(items))
+
+
+def _layer_shifted(routine: str, src_layout, dst_layout, args: Mapping, where: str) -> CopyPlan:
+    """``plan`` of a :data:`LAYER_SHIFTED` routine: the first plan of the same copy (at any
+    layer) is planned, every other layer's derived from it (``CopyPlan.base``), each kept, so
+    the same arguments give the same plan object, as the plan cache does.
+
+    NOTE: a load-back issues one such copy per layer and pool with the same index lists: 43
+    plans of up to hundreds of extents, where one and 42 additions do (and what the executor
+    derives from a plan, item times and accesses, derives from the base's)."""
+    fam = _family_key(routine, src_layout, dst_layout, args)
+    if fam is None:
+        return _plan(routine, src_layout, dst_layout, args, where)
+    got = _layer_families.get(fam)
+    if got is None:
+        base = _plan(routine, src_layout, dst_layout, args, where)
+        _lock(base.extents)
+        if len(_layer_families) >= LAYER_FAMILIES_SIZE:
+            _layer_families.clear()
+        layer0 = _layer(args["layer"], src_layout, dst_layout, where)
+        _layer_families[fam] = (layer0, base, {layer0: base})
+        return base
+    layer0, base, plans = got
+    layer = _layer(args["layer"], src_layout, dst_layout, (where or "copy") + ".args.layer")
+    out = plans.get(layer)
+    if out is None:
+        ds, dd = (layer - layer0) * src_layout.layer_stride, (layer - layer0) * dst_layout.layer_stride
+        e = base.extents
+        ext = Extents(e.src + np.int64(ds), e.dst + np.int64(dd), e.length, e.item, e.n_items)
+        _lock(ext)
+        out = plans[layer] = CopyPlan(routine, ext, base.launch, base=base, shift=(ds, dd))
+    return out
+
+
+def _lock(e: Extents) -> None:
+    for a in (e.src, e.dst, e.length, e.item):
+        a.setflags(write=False)     # shared from now on
 
 
 def _plan(routine: str, src_layout, dst_layout, args: Mapping, where: str) -> CopyPlan:

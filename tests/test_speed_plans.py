@@ -1,0 +1,120 @@
+"""Layer-shifted copy plans (issue 9's speed): a ``kernel_per_layer`` copy planned at one layer
+is the plan of the same copy at another layer with its offsets moved by the layouts' layer
+strides (``routines.LAYER_SHIFTED``), and what the executor derives from it (item times, byte
+accesses) is its base's, shifted; all equal to planning and deriving afresh."""
+import numpy as np
+import pytest
+
+import sim.transfers.routines as routines
+from sim.errors import InputError
+from sim.pools.layouts import HostLayout, PagedLayout
+from sim.transfers.routines import plan
+
+
+def _layouts():
+    dev = PagedLayout(name="dev", layers=5, pages=64, page_bytes=96, entries_per_page=1)
+    hosts = [HostLayout(name=f"host_{k}", layout=k, layers=5, units=80, unit_bytes=96,
+                        page_size=4 if k == "page_first_direct" else 1)
+             for k in ("layer_first", "page_first", "page_first_direct")]
+    return dev, hosts
+
+
+@pytest.mark.parametrize("layout", ["layer_first", "page_first", "page_first_direct"])
+def test_layer_stride_is_the_offset_of_a_layer(layout):
+    dev, hosts = _layouts()
+    for lay in (dev, *(h for h in hosts if h.layout == layout)):
+        units = np.arange(lay.unit_offsets(0, [0]).size and (lay.pages if lay is dev else lay.units))
+        for L in range(lay.layers):
+            assert np.array_equal(lay.unit_offsets(L, units), lay.unit_offsets(0, units) + L * lay.layer_stride)
+
+
+def _fresh(routine, src, dst, args):
+    return routines._plan(routine, src, dst, args, "copy")
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_shifted_plans_equal_fresh_plans(seed, monkeypatch):
+    monkeypatch.setattr(routines, "_layer_families", {})
+    rng = np.random.default_rng(seed)
+    dev, hosts = _layouts()
+    host = hosts[seed % 3]
+    n = int(rng.integers(1, 400))
+    s = rng.integers(-1, host.units, n).tolist()                          # -1: an item the kernel skips
+    d = rng.integers(0, dev.pages, n).tolist()
+    pairs = [(host, dev, s, d), (dev, host, d, s)]                        # a load and a backup direction
+    for src, dst, si, di in pairs:
+        layers = rng.permutation(5).tolist()
+        for L in layers:
+            args = {"layer": L, "src_indices": list(si), "dst_indices": list(di)}
+            got, want = plan("kernel_per_layer", src, dst, args), _fresh("kernel_per_layer", src, dst, args)
+            for a, b in zip((got.extents.src, got.extents.dst, got.extents.length, got.extents.item),
+                            (want.extents.src, want.extents.dst, want.extents.length, want.extents.item)):
+                assert np.array_equal(a, b) and a.dtype == b.dtype
+            assert got.extents.n_items == want.extents.n_items and got.launch == want.launch
+            assert (got.base is None) == (L == layers[0])
+            assert not got.extents.src.flags.writeable
+
+
+def test_a_bad_layer_is_refused_on_the_shifted_path_as_on_the_fresh_one(monkeypatch):
+    monkeypatch.setattr(routines, "_layer_families", {})
+    dev, hosts = _layouts()
+    idx = list(range(routines.PLAN_CACHE_MAX_INDICES + 1))
+    plan("kernel_per_layer", hosts[1], dev, {"layer": 0, "src_indices": idx, "dst_indices": [0] * len(idx)})
+    for bad in (5, -1, True, "1"):
+        args = {"layer": bad, "src_indices": idx, "dst_indices": [0] * len(idx)}
+        with pytest.raises(InputError) as shifted:
+            plan("kernel_per_layer", hosts[1], dev, args, "copy")
+        with pytest.raises(InputError) as fresh:
+            _fresh("kernel_per_layer", hosts[1], dev, args)
+        assert str(shifted.value) == str(fresh.value)
+
+
+def test_other_arguments_are_part_of_the_family(monkeypatch):
+    """Another index list or item size is another copy: planned afresh, not shifted."""
+    monkeypatch.setattr(routines, "_layer_families", {})
+    dev, hosts = _layouts()
+    idx = list(range(routines.PLAN_CACHE_MAX_INDICES + 1))
+    a = plan("kernel_per_layer", hosts[1], dev, {"layer": 0, "src_indices": idx, "dst_indices": idx})
+    b = plan("kernel_per_layer", hosts[1], dev, {"layer": 1, "src_indices": idx[::-1], "dst_indices": idx})
+    c = plan("kernel_per_layer", hosts[1], dev, {"layer": 1, "src_indices": idx, "dst_indices": idx,
+                                                 "item_bytes": 48})
+    assert a.base is None and b.base is None and c.base is None
+    assert int(c.extents.length[0]) == 48
+
+
+def test_an_engine_run_with_derived_memo_values_equals_one_without(monkeypatch):
+    """``incident-repro``'s load-backs (per-layer copies of long index lists) run with item
+    times and accesses derived from the base plans (``Executor._shifted``) and with them made
+    afresh: the same ``EngineResult``; and the derivation was used."""
+    import sim.executor as ex
+    from sim.engine.engine import PrefillEngine
+    from sim.engine.scenario import load_scenario
+
+    def run():
+        e = PrefillEngine(load_scenario("incident-repro", ["run.duration_s=3"]), keep="report")
+        return e.run().signature()
+
+    from sim.verdicts import _merge
+    used = []
+    real = ex.Executor._shifted
+
+    def counting(self, plan, what):
+        """Every derived value checked against the one made afresh from the plan itself."""
+        got = real(self, plan, what)
+        used.append(got is not None)
+        if got is not None and what[0] == "times":
+            want = self._copy_shape(plan, what[1], plan.extents.item)
+        elif got is not None:
+            c = self._plan_memo[(id(plan), "clip", *what[1:])][1][0]
+            want = (*_merge(c.src, np.minimum(c.length, c.fill_start)), *_merge(c.dst, c.fill_end))
+        if got is not None:
+            assert all(np.array_equal(a, b) for a, b in zip(got, want)) and len(got) == len(want)
+        return got
+    monkeypatch.setattr(ex.Executor, "_shifted", counting)
+    with_shift = run()
+    assert sum(used) > 40
+    monkeypatch.setattr(ex.Executor, "_shifted", lambda self, plan, what: None)
+    assert run() == with_shift
+    monkeypatch.setattr(routines, "LAYER_SHIFTED", frozenset())           # every plan fresh
+    monkeypatch.setattr(routines, "_layer_families", {})
+    assert run() == with_shift
