@@ -31,6 +31,7 @@ Nothing here clips: :func:`check_bounds` reports extents that leave a buffer.
 from __future__ import annotations
 
 import itertools
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -621,14 +622,15 @@ PLAN_CACHE_MAX_INDICES = 256
 _plan_cache: dict = {}
 
 
-def _arg_key(v):
+def _arg_key(v, max_len: float = PLAN_CACHE_MAX_INDICES):
     """A hashable key of one argument value that tells apart every value the routines treat
     differently (the type is part of it: ``True`` is refused where ``1`` is a layer), or
-    None for a value not worth caching (long index lists, arrays, anything else)."""
+    None for a value not worth caching (index lists longer than ``max_len``, arrays, anything
+    else)."""
     t = type(v)
     if t is int or t is float or t is str or v is None:
         return (t, v)
-    if (t is list or t is tuple) and len(v) <= PLAN_CACHE_MAX_INDICES:
+    if (t is list or t is tuple) and len(v) <= max_len:
         # NOTE: a set of the element types (one int list: {int}) instead of a generator per value
         if not v or set(map(type, v)) == _INT_TYPE:
             return (t, tuple(v))
@@ -669,12 +671,17 @@ def _layout_token(layout):
     return tok
 
 
-def _plan_key(routine, src_layout, dst_layout, args):
+def _plan_key(routine, src_layout, dst_layout, args, skip: str | None = None,
+              max_len: float = PLAN_CACHE_MAX_INDICES):
+    """The cache key of a plan (every argument but ``skip``; index lists up to ``max_len``), or
+    None."""
     if type(args) is not dict or type(routine) is not str:
         return None
     items = []
     for k, v in args.items():
-        kv = _arg_key(v)
+        if k == skip:
+            continue
+        kv = _arg_key(v, max_len)
         if kv is None or type(k) is not str:
             return None
         items.append((k, kv))
@@ -726,25 +733,7 @@ def _family_key(routine, src_layout, dst_layout, args):
     length: a load-back's lists are planned once per layer and pool), or None."""
     if type(args) is not dict or "layer" not in args:
         return None
-    items = []
-    for k, v in args.items():
-        if k == "layer":
-            continue
-        t = type(v)
-        if t is list or t is tuple:
-            if v and set(map(type, v)) != _INT_TYPE:
-                return None
-            kv = (t, tuple(v))
-        else:
-            kv = _arg_key(v)
-        if kv is None or type(k) is not str:
-            return None
-        items.append((k, kv))
-    items.sort()
-    ts, td = _layout_token(src_layout), _layout_token(dst_layout)
-    if ts is None or td is None:
-        return None
-    return (routine, ts, td, tuple(items))
+    return _plan_key(routine, src_layout, dst_layout, args, skip="layer", max_len=math.inf)
 
 
 def _layer_shifted(routine: str, src_layout, dst_layout, args: Mapping, where: str) -> CopyPlan:
