@@ -697,8 +697,9 @@ def plan(routine: str, src_layout, dst_layout, args: Mapping, where: str = "") -
     """The extents and launch shape of ``routine`` with ``args`` between two layouts.
 
     ``where`` prefixes every InputError path (``where + '.args.<key>'``).  Plans of
-    short argument lists are cached (``PLAN_CACHE_SIZE``): the same inputs give the
-    same ``CopyPlan`` object, whose arrays callers must not modify.
+    short argument lists are cached (``PLAN_CACHE_SIZE``), and those of
+    :data:`LAYER_SHIFTED` routines kept by copy and layer (``_layer_shifted``): the same
+    inputs give the same ``CopyPlan`` object, whose arrays callers must not modify.
     """
     if routine in LAYER_SHIFTED:
         return _layer_shifted(routine, src_layout, dst_layout, args, where)
