@@ -58,7 +58,7 @@ def test_shifted_plans_equal_fresh_plans(seed, monkeypatch):
 def test_a_bad_layer_is_refused_on_the_shifted_path_as_on_the_fresh_one(monkeypatch):
     monkeypatch.setattr(routines, "_layer_families", {})
     dev, hosts = _layouts()
-    idx = list(range(routines.PLAN_CACHE_MAX_INDICES + 1))
+    idx = list(range(40))
     plan("kernel_per_layer", hosts[1], dev, {"layer": 0, "src_indices": idx, "dst_indices": [0] * len(idx)})
     for bad in (5, -1, True, "1"):
         args = {"layer": bad, "src_indices": idx, "dst_indices": [0] * len(idx)}
@@ -73,7 +73,7 @@ def test_other_arguments_are_part_of_the_family(monkeypatch):
     """Another index list or item size is another copy: planned afresh, not shifted."""
     monkeypatch.setattr(routines, "_layer_families", {})
     dev, hosts = _layouts()
-    idx = list(range(routines.PLAN_CACHE_MAX_INDICES + 1))
+    idx = list(range(40))
     a = plan("kernel_per_layer", hosts[1], dev, {"layer": 0, "src_indices": idx, "dst_indices": idx})
     b = plan("kernel_per_layer", hosts[1], dev, {"layer": 1, "src_indices": idx[::-1], "dst_indices": idx})
     c = plan("kernel_per_layer", hosts[1], dev, {"layer": 1, "src_indices": idx, "dst_indices": idx,
@@ -83,32 +83,34 @@ def test_other_arguments_are_part_of_the_family(monkeypatch):
 
 
 def test_an_engine_run_with_derived_memo_values_equals_one_without(monkeypatch):
-    """``incident-repro``'s load-backs (per-layer copies of long index lists) run with item
-    times and accesses derived from the base plans (``Executor._shifted``) and with them made
-    afresh: the same ``EngineResult``; and the derivation was used."""
+    """``incident-repro``'s load-backs (one copy per layer and pool with the same page lists)
+    run with item times and accesses derived from the base plans (``Executor._shifted``), each
+    checked against the value made afresh, and with them made afresh: the same
+    ``EngineResult``; and the derivation was used."""
     import sim.executor as ex
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
+
+    from sim.verdicts import _merge
 
     def run():
         e = PrefillEngine(load_scenario("incident-repro", ["run.duration_s=3"]), keep="report")
         return e.run().signature()
 
-    from sim.verdicts import _merge
     used = []
     real = ex.Executor._shifted
 
     def counting(self, plan, what):
-        """Every derived value checked against the one made afresh from the plan itself."""
         got = real(self, plan, what)
         used.append(got is not None)
-        if got is not None and what[0] == "times":
+        if got is None:
+            return None
+        if what[0] == "times":
             want = self._copy_shape(plan, what[1], plan.extents.item)
-        elif got is not None:
+        else:
             c = self._plan_memo[(id(plan), "clip", *what[1:])][1][0]
             want = (*_merge(c.src, np.minimum(c.length, c.fill_start)), *_merge(c.dst, c.fill_end))
-        if got is not None:
-            assert all(np.array_equal(a, b) for a, b in zip(got, want)) and len(got) == len(want)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
         return got
     monkeypatch.setattr(ex.Executor, "_shifted", counting)
     with_shift = run()
