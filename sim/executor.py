@@ -589,13 +589,25 @@ class Executor:
 
         Item times derive from the lengths, items and launch, which are the base's own.  Byte
         accesses are the base's shifted when neither plan has an extent leaving a buffer (then
-        no extent is clipped, and merging intervals commutes with a shift)."""
+        no extent is clipped, and merging intervals commutes with a shift).  So is the
+        clipping: an extent that leaves neither buffer is copied whole, so its clipped lengths
+        are its length, the base's arrays; the plan's offsets are its own extents'."""
         memo, base = self._plan_memo, plan.base
         got = memo.get((id(base),) + what)
         if got is None or got[0] is not base:
             return None
         if what[0] == "times":
             return got[1]
+        if what[0] == "clip":
+            c, leaves = got[1]
+            if leaves:
+                return None
+            src_end, dst_end = c.ends()
+            ds, dd = plan.shift
+            if src_end + ds > what[1] or dst_end + dd > what[2]:
+                return None                        # this layer's extents leave a buffer
+            e = plan.extents
+            return Clipped(e.src, e.dst, c.length, c.item, c.copy_len, c.fill_start, c.fill_end, what[1]), False
         if what[0] == "accesses":
             clip = ("clip",) + what[1:]
             mine, theirs = memo.get((id(plan),) + clip), memo.get((id(base),) + clip)

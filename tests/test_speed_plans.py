@@ -84,13 +84,14 @@ def test_other_arguments_are_part_of_the_family(monkeypatch):
 
 def test_an_engine_run_with_derived_memo_values_equals_one_without(monkeypatch):
     """``incident-repro``'s load-backs (one copy per layer and pool with the same page lists)
-    run with item times and accesses derived from the base plans (``Executor._shifted``), each
+    run with clipping, item times and accesses derived from the base plans (``Executor._shifted``), each
     checked against the value made afresh, and with them made afresh: the same
     ``EngineResult``; and the derivation was used."""
     import sim.executor as ex
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
 
+    from sim.memory import clip_and_leaves
     from sim.verdicts import _merge
 
     def run():
@@ -107,6 +108,11 @@ def test_an_engine_run_with_derived_memo_values_equals_one_without(monkeypatch):
             return None
         if what[0] == "times":
             want = self._copy_shape(plan, what[1], plan.extents.item)
+        elif what[0] == "clip":
+            (c, leaves), (w, want_leaves) = got, clip_and_leaves(plan, *what[1:])
+            assert leaves == want_leaves and c.src_nbytes == w.src_nbytes
+            assert all(np.array_equal(getattr(c, f), getattr(w, f)) for f in _CLIP_FIELDS)
+            return got
         else:
             c = self._plan_memo[(id(plan), "clip", *what[1:])][1][0]
             want = (*_merge(c.src, np.minimum(c.length, c.fill_start)), *_merge(c.dst, c.fill_end))
@@ -120,3 +126,47 @@ def test_an_engine_run_with_derived_memo_values_equals_one_without(monkeypatch):
     monkeypatch.setattr(routines, "LAYER_SHIFTED", frozenset())           # every plan fresh
     monkeypatch.setattr(routines, "_layer_families", {})
     assert run() == with_shift
+
+
+_CLIP_FIELDS = ("src", "dst", "length", "item", "copy_len", "fill_start", "fill_end")
+
+
+def _bare_executor():
+    """An Executor holding only its plan memo (what ``_memo`` and ``_shifted`` use)."""
+    import sim.executor as ex
+    e = object.__new__(ex.Executor)
+    e._plan_memo = {}
+    return e
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_shifted_clips_equal_fresh_clips(seed, monkeypatch):
+    """A layer-shifted plan's clipping to its buffers (the memo's ``"clip"``) is its base's with
+    the offsets moved when neither plan has an extent leaving a buffer, and made afresh
+    otherwise: equal to ``clip_and_leaves`` either way, for buffer sizes that cut some layers."""
+    from sim.memory import clip_and_leaves
+    monkeypatch.setattr(routines, "_layer_families", {})
+    rng = np.random.default_rng(1000 + seed)
+    dev, hosts = _layouts()
+    host = hosts[seed % 3]
+    n = int(rng.integers(1, 300))
+    s = rng.integers(-1, host.units, n).tolist()
+    d = rng.integers(0, dev.pages, n).tolist()
+    e = _bare_executor()
+    derived = 0
+    for src, dst, si, di in ((host, dev, s, d), (dev, host, d, s)):
+        full_s, full_d = src.nbytes, dst.nbytes
+        # whole buffers, and ones cut short on either side (the extents of some layers leave)
+        for sn, dn in ((full_s, full_d), (full_s - int(rng.integers(1, full_s // 3)), full_d),
+                       (full_s, full_d - int(rng.integers(1, full_d // 3)))):
+            for L in rng.permutation(5).tolist():
+                p = plan("kernel_per_layer", src, dst, {"layer": L, "src_indices": list(si), "dst_indices": list(di)})
+                was = e._shifted(p, ("clip", sn, dn)) is not None
+                derived += was
+                got, leaves = e._memo(p, ("clip", sn, dn), lambda: clip_and_leaves(p, sn, dn))
+                want, want_leaves = clip_and_leaves(p, sn, dn)
+                assert leaves == want_leaves and not (was and leaves)
+                for f in _CLIP_FIELDS:
+                    assert np.array_equal(getattr(got, f), getattr(want, f)), f
+                assert got.src_nbytes == want.src_nbytes
+    assert derived >= 8
