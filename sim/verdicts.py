@@ -122,38 +122,75 @@ def _same_provenance(vo, vr) -> bool:
     return vo.compact.nbytes == vr.compact.nbytes and all(np.array_equal(x, y) for x, y in zip(a, b))
 
 
+def _provenance_runs(view, keys: dict | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A view's provenance as pieces: (starts, origin keys, deltas), byte ``x`` of piece ``i``
+    having origin ``keys[i]`` and stream offset ``x + deltas[i]``.  ``keys`` numbers the
+    origins (views of different runs have different origin tables); None: the origin ids
+    themselves (views of one table: an id names one origin)."""
+    p = view.compact.pieces(0, view.compact.nbytes)
+    start = np.asarray(p.start, np.int64)
+    oid = np.asarray(p.origin_id, np.int64)
+    if keys is not None:
+        table = view.compact.table
+        oid = np.array([keys.setdefault(table[i], len(keys)) for i in oid.tolist()], np.int64)
+    return start, oid, np.asarray(p.stream_offset, np.int64) - start
+
+
+def _differing_runs(vo, vr, ind) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A view and its reference cut into runs where either's provenance or the indeterminate
+    mask ``ind`` (per byte, or None) changes: (run starts, run lengths, per run whether the
+    two differ there by provenance, per run whether it is determinate).  The provenance of
+    each side (``differing_bytes``) and the mask are constant on a run."""
+    keys = None if vo.compact.table is vr.compact.table else {}
+    so, ko, do = _provenance_runs(vo, keys)
+    sr, kr, dr = _provenance_runs(vr, keys)
+    n = vo.compact.nbytes
+    cuts = [so, sr]
+    if ind is not None:
+        cuts.append(np.flatnonzero(ind[1:] != ind[:-1]) + 1)
+    b = np.unique(np.concatenate(cuts))
+    io, ir = np.searchsorted(so, b, "right") - 1, np.searchsorted(sr, b, "right") - 1
+    wrong = (ko[io] != kr[ir]) | (do[io] != dr[ir])
+    det = np.ones(b.size, bool) if ind is None else ~ind[b]
+    return b, np.diff(np.append(b, n)), wrong, det
+
+
 def _classify(obs, ref, unit_bytes: int, masks=None) -> tuple[str, dict | None, int]:
     """Compare one read's views with the reference's: status, first mismatch,
     bytes differing.  ``masks`` (per view) marks indeterminate bytes: they are
-    left out of the comparison (status ``indeterminate`` when nothing else differs)."""
+    left out of the comparison (status ``indeterminate`` when nothing else differs).
+
+    A byte differs when its provenance (origin, stream offset) does; a buffer unit whose
+    determinate bytes are both right and wrong is torn.  Decided on the runs of
+    ``_differing_runs`` (O(segments)), not byte by byte: two determinate runs next to each
+    other (indeterminate runs between them aside) share a unit exactly when the first one's
+    last byte and the second one's first byte lie in one unit, and a unit holding right and
+    wrong bytes holds such a pair (``tests/test_speed_classify.py`` compares it with the
+    per-byte classification)."""
     first = None
     differing = 0
     torn = False
-    masks = masks or [np.zeros(v.compact.nbytes, bool) for v in obs.views]
-    for vo, vr, ind in zip(obs.views, ref.views, masks):
+    for i, (vo, vr) in enumerate(zip(obs.views, ref.views)):
         if _same_provenance(vo, vr):          # the common case, in O(segments)
             continue
-        diff = differing_bytes(vo, vr) & ~ind
-        if not diff.any():
+        start, length, wrong, det = _differing_runs(vo, vr, None if masks is None else masks[i])
+        bad = wrong & det
+        if not bad.any():
             continue
-        differing += int(diff.sum())
-        # split the extent at buffer unit boundaries: a unit whose determinate
-        # bytes are both right and wrong is torn
-        unit_id = (vo.offset + np.arange(diff.size)) // unit_bytes
-        bounds = np.flatnonzero(np.diff(unit_id)) + 1
-        for part, part_ind in zip(np.split(diff, bounds), np.split(ind, bounds)):
-            det = part[~part_ind]
-            if det.any() and not det.all():
-                torn = True
+        differing += int(length[bad].sum())
+        if not torn:
+            s, e, w = start[det], start[det] + length[det], wrong[det]
+            u0, u1 = (vo.offset + s) // unit_bytes, (vo.offset + e - 1) // unit_bytes
+            torn = bool(((w[1:] != w[:-1]) & (u1[:-1] == u0[1:])).any())
         if first is None:
-            k = int(np.argmax(diff))
+            k = int(start[np.argmax(bad)])
             first = {
                 "offset": vo.offset + k,
                 "observed": _describe_view(vo, k, 1, 1)[0]["text"],
                 "expected": _describe_view(vr, k, 1, 1)[0]["text"],
             }
     if differing == 0:
-        return ("indeterminate" if any(m.any() for m in masks) else "ok"), None, 0
+        return ("indeterminate" if masks is not None and any(m.any() for m in masks) else "ok"), None, 0
     return ("torn" if torn else "stale"), first, differing
 
 
