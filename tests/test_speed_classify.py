@@ -9,9 +9,9 @@ import pytest
 
 from sim.bytes.compact import CompactBuffer, OriginTable
 from sim.bytes.pattern import Origin
+import sim.verdicts as verdicts
 from sim.memory import View
 from sim.verdicts import _classify, _describe_view, _provenance_per_byte
-
 
 def _classify_per_byte(obs, ref, unit_bytes, masks=None):
     """The per-byte classification (every byte's origin and stream offset compared)."""
@@ -57,8 +57,8 @@ def _scribble(rng, buf: CompactBuffer, n_writes: int) -> None:
         buf.fill(offs, lens, origin, soff)
 
 
-@pytest.mark.parametrize("seed", range(120))
-def test_classify_by_segments_equals_per_byte(seed):
+def _case(seed: int):
+    """Random views of a read and of its reference, a unit size and indeterminate masks (or None)."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(16, 3000))
     t_obs = OriginTable()
@@ -81,11 +81,29 @@ def test_classify_by_segments_equals_per_byte(seed):
             a = int(rng.integers(0, m))
             mask[a:a + int(rng.integers(1, 40))] = True
         masks.append(mask)
-    if seed % 2:
-        masks = None
     unit = int(rng.choice([1, 7, 64, 96, 4096, 10 ** 6]))
-    o, r = SimpleNamespace(views=views_o), SimpleNamespace(views=views_r)
+    return SimpleNamespace(views=views_o), SimpleNamespace(views=views_r), unit, (None if seed % 2 else masks)
+
+
+@pytest.mark.parametrize("path", ["python", "numpy"])
+@pytest.mark.parametrize("seed", range(120))
+def test_classify_by_segments_equals_per_byte(seed, path, monkeypatch):
+    """Both ways of cutting runs (``_differing_runs``: plain Python for views of a few segments
+    without indeterminate bytes, numpy otherwise) give the per-byte classification."""
+    if path == "numpy":
+        monkeypatch.setattr(verdicts, "_small_runs", lambda view, keys: None)
+    o, r, unit, masks = _case(seed)
     assert _classify(o, r, unit, masks) == _classify_per_byte(o, r, unit, masks)
+
+
+def test_the_python_path_is_taken_by_many_cases():
+    """Many of the cases above cut runs in plain Python (both views of a few segments, no mask)."""
+    small = 0
+    for seed in range(120):
+        o, r, _, masks = _case(seed)
+        small += masks is None and sum(verdicts._small_runs(a, None) is not None and
+                                       verdicts._small_runs(b, None) is not None for a, b in zip(o.views, r.views))
+    assert small >= 50
 
 
 def test_the_cases_are_not_all_alike():
