@@ -821,7 +821,7 @@ class ScheduleBuilder:
         self._common = frozenset({"op", "id", "note"} | ({"host"} if self.version >= 2 else set()))
         self._host_set = frozenset(self.hosts)
         self._parsers = {k: getattr(self, f"_parse_{k}") for k in OP_KINDS}
-        self._plan_checks: dict[int, tuple] = {}   # id(plan) -> (plan, lowest src/dst byte, extents out of bounds)
+        self._plan_checks: dict[int, tuple] = {}   # id(plan) -> _bound_checks(plan)
         # the keys each kind allows (built once: every op is checked against its kind's set)
         c = self._common
         self._allowed = {
@@ -912,16 +912,10 @@ class ScheduleBuilder:
         # copies share cached plans); the plan's layouts fix both buffers' sizes
         got = self._plan_checks.get(id(op.plan))
         if got is None or got[0] is not op.plan:
-            ext = op.plan.extents
-            lows = tuple(int(np.min(offs)) if len(offs) else 0 for offs in (ext.src, ext.dst))
-            # extents are >= 0 (checked below), so none leaves its buffer when every end fits;
-            # count_out_of_bounds (which builds per-side arrays) runs only when one does not
-            oob = count_out_of_bounds(ext, src.nbytes, dst.nbytes) if min(lows) >= 0 and len(ext.length) and (
-                int((ext.src + ext.length).max()) > src.nbytes
-                or int((ext.dst + ext.length).max()) > dst.nbytes) else 0
+            got = self._bound_checks(op.plan, src.nbytes, dst.nbytes)
             if len(self._plan_checks) >= PLAN_CHECKS_SIZE:
                 self._plan_checks.clear()
-            got = self._plan_checks[id(op.plan)] = (op.plan, lows, oob)
+            self._plan_checks[id(op.plan)] = got
         for side, low in zip(("src", "dst"), got[1]):
             if not (low >= 0):
                 raise InputError(f"{w}.args.{side}_indices",
@@ -930,6 +924,28 @@ class ScheduleBuilder:
                                  "addresses are >= 0")
         if got[2]:
             self.totals.add_out_of_bounds(got[2], w)
+
+    def _bound_checks(self, plan, src_nbytes: int, dst_nbytes: int) -> tuple:
+        """``(plan, lowest byte per side, extent sides out of bounds, largest end per side)``.
+
+        A layer-shifted plan's (``CopyPlan.base``, ``shift``) lows and ends are its base's
+        moved by the shift, when the memo holds the base's (a shift moves every offset alike)."""
+        ext = plan.extents
+        base = plan.base
+        b = None if base is None else self._plan_checks.get(id(base))
+        if b is not None and b[0] is base:
+            ds, dd = plan.shift
+            lows, ends = (b[1][0] + ds, b[1][1] + dd), (b[3][0] + ds, b[3][1] + dd)
+        elif len(ext.length):
+            lows = (int(ext.src.min()), int(ext.dst.min()))
+            ends = (int((ext.src + ext.length).max()), int((ext.dst + ext.length).max()))
+        else:
+            lows = ends = (0, 0)
+        # extents are >= 0 (checked by the caller), so none leaves its buffer when every end
+        # fits; count_out_of_bounds (which builds per-side arrays) runs only when one does not
+        oob = count_out_of_bounds(ext, src_nbytes, dst_nbytes) if min(lows) >= 0 and len(ext.length) and (
+            ends[0] > src_nbytes or ends[1] > dst_nbytes) else 0
+        return plan, lows, oob, ends
 
     def _parse_read(self, op, d, w, common):
         kind = op.op

@@ -97,3 +97,46 @@ def test_fewer_full_collections_restores_the_collector():
     finally:
         gc.enable()
         gc.set_threshold(*old)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_layer_shifted_plan_checks_equal_fresh_checks(seed):
+    """A ``kernel_per_layer`` copy's bound checks (lowest byte per side, extents out of bounds)
+    at another layer of the same arguments are derived from the first layer's checks; equal to
+    checking each plan afresh, for indices inside the pool, past a layer's pages (their extents
+    leave the buffer at the last layers only) and far past the buffer (at every layer)."""
+    import sim.transfers.routines as routines
+    from benchmarks.bench_executor import static_doc
+    rng = np.random.default_rng(seed)
+    doc = static_doc(1)
+    copies = [o for o in doc["ops"] if o["op"] == "copy"]
+    pages = next(b for b in doc["buffers"] if b["name"] == copies[0]["dst"])["layout"]["pages"]
+    k = int(rng.integers(1, 5))
+    dst = rng.integers(0, pages, k).tolist()
+    if seed % 3 == 1:
+        dst[0] = pages + int(rng.integers(0, 3 * pages))        # past the layer: out at the last layers
+    elif seed % 3 == 2:
+        dst[-1] = 2 ** 31 + int(rng.integers(0, 2 ** 20))        # past the buffer at every layer
+    order = rng.permutation(len(copies)).tolist()
+    doc["ops"] = [dict(copies[i], args=dict(copies[i]["args"], src_indices=[0] * k, dst_indices=dst))
+                  for i in order]
+
+    def check(memo: bool) -> int:
+        mp = pytest.MonkeyPatch()
+        mp.setattr(routines, "_layer_families", {})
+        try:
+            b = ScheduleBuilder(doc, max_ops=None)
+            if not memo:
+                b._plan_checks = _NoMemo()
+            for d in doc["ops"]:
+                b.add(d)
+            return b.totals.out_of_bounds
+        finally:
+            mp.undo()
+    got = check(True)
+    assert got == check(False)
+    assert (got == 0) == (seed % 3 == 0)
+    if seed % 3 == 2:
+        assert got >= len(copies)
+    elif seed % 3 == 1:
+        assert 0 < got < len(copies)
