@@ -936,11 +936,15 @@ class _LiveBuffer:
         NOTE: the rows are put in the buckets only when a query first needs the buckets
         (:meth:`_index_rows`): most rows of a wide access (a forward's reads and KV stores,
         hundreds of intervals each) are pruned before any bucket query looks at them, and the
-        buckets hold the same lists whenever they are indexed (rows go in in row order)."""
+        buckets hold the same lists whenever they are indexed (rows go in in row order).  A
+        one-interval access appended when every row before it is indexed goes in at once."""
         made = self._rows
         if len(s) <= self.EAGER_ROWS and len(made) == self._n:
             if len(s) == 1:
                 made.append((s[0], e[0], op, comp, pos, write))
+                if self._indexed == self._n:        # what the next query's _index_rows would do
+                    self._index(self._n, s[0], e[0])
+                    self._indexed += 1
             else:
                 made.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
         self._pending.append((s if s_arr is None else s_arr, e if e_arr is None else e_arr, op, comp, pos, write))
