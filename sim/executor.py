@@ -602,7 +602,7 @@ class Executor:
             c, leaves = got[1]
             if leaves:
                 return None
-            src_end, dst_end = c.ends()
+            src_end, dst_end = base.extents.ends       # the base's clipping left them whole
             ds, dd = plan.shift
             if src_end + ds > what[1] or dst_end + dd > what[2]:
                 return None                        # this layer's extents leave a buffer

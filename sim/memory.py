@@ -82,16 +82,6 @@ class Clipped:
                                          self.fill_start.tolist(), self.fill_end.tolist()))
         return rows[k]
 
-    _ends = None
-
-    def ends(self) -> tuple[int, int]:
-        """The largest end of an extent on each side, ``(max(src + length), max(dst + length))``
-        as ints (0 for no extents), made once per Clipped."""
-        if self._ends is None:
-            n = self.length
-            self._ends = ((int((self.src + n).max()), int((self.dst + n).max())) if n.size else (0, 0))
-        return self._ends
-
 
 def clip_extents(ext, src_nbytes: int, dst_nbytes: int) -> Clipped:
     s, d, n = (np.asarray(a, dtype=np.int64) for a in (ext.src, ext.dst, ext.length))

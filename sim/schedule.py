@@ -936,11 +936,9 @@ class ScheduleBuilder:
         if b is not None and b[0] is base:
             ds, dd = plan.shift
             lows, ends = (b[1][0] + ds, b[1][1] + dd), (b[3][0] + ds, b[3][1] + dd)
-        elif len(ext.length):
-            lows = (int(ext.src.min()), int(ext.dst.min()))
-            ends = (int((ext.src + ext.length).max()), int((ext.dst + ext.length).max()))
         else:
-            lows = ends = (0, 0)
+            lows = (int(ext.src.min()), int(ext.dst.min())) if len(ext.length) else (0, 0)
+            ends = ext.ends
         # extents are >= 0 (checked by the caller), so none leaves its buffer when every end
         # fits; count_out_of_bounds (which builds per-side arrays) runs only when one does not
         oob = count_out_of_bounds(ext, src_nbytes, dst_nbytes) if min(lows) >= 0 and len(ext.length) and (

@@ -30,6 +30,7 @@ Nothing here clips: :func:`check_bounds` reports extents that leave a buffer.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import numbers
@@ -88,6 +89,13 @@ class Extents:
 
     def __len__(self) -> int:
         return int(self.length.size)
+
+    @functools.cached_property
+    def ends(self) -> tuple[int, int]:
+        """The largest end of an extent on each side, ``(max(src + length), max(dst + length))``
+        as ints ((0, 0) for no extents), made once (the arrays are not modified)."""
+        n = self.length
+        return (int((self.src + n).max()), int((self.dst + n).max())) if n.size else (0, 0)
 
     @property
     def total_bytes(self) -> int:
