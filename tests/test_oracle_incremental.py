@@ -4,12 +4,15 @@ and the wrong entries per request must be equal; the engine results equal too.  
 ``written`` forgets and the session's write watcher."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from sim.cache.session import CacheSession
 from sim.engine import PrefillEngine
-from sim.engine.oracle import KVOracle
+from sim.engine.layer_reads import LayerReads
+from sim.engine.oracle import KVOracle, LayerContents
 from sim.engine.scenario import load_scenario
 from sim.pools.layouts import PagedLayout
 
@@ -25,19 +28,36 @@ def judged_both_ways(name: str, sets: list[str], seed: int = 0):
     o = e.oracle
     assert o.incremental
     orig = o.check_reads
-    n = {"reads": 0, "as_it_stands": 0, "flagged": 0}
+    n = {"reads": 0, "as_it_stands": 0, "flagged": 0, "merged_calls": 0}
 
-    def spy(info, obs, made_for, contents=None):
-        got = orig(info, obs, made_for, contents)
+    def full_check(info, obs, made_for, contents):
         counters = o.entries_checked, o.entries_sampled, o.pairs_one_piece, o.pairs_by_sample
         o.incremental = False
         full = orig(info, obs, made_for, contents)
         o.incremental = True
         o.entries_checked, o.entries_sampled, o.pairs_one_piece, o.pairs_by_sample = counters
-        assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in full.items()}, info.op_id
-        n["reads"] += 1
+        return full
+
+    def spy(info, obs, made_for, contents=None, by_layer=False):
+        got = orig(info, obs, made_for, contents, by_layer=by_layer)
+        if not by_layer:
+            full = full_check(info, obs, made_for, contents)
+            assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in full.items()}, info.op_id
+            n["reads"] += 1
+            n["flagged"] += any(v.any() for v in full.values())
+        else:
+            # reads of several pool layers judged in one call (sim.engine.layer_reads): each
+            # row is what the full check of that pool layer's read, on its own bytes, gives
+            assert isinstance(contents, LayerContents)
+            n["merged_calls"] += 1
+            for j, pl in enumerate(info.pool_layers):
+                one = dataclasses.replace(info, pool_layers=(pl,))
+                full = full_check(one, obs, made_for, contents.parts[pl])
+                assert {k: v[j].tolist() for k, v in got.items()} == {k: v.tolist() for k, v in full.items()}, \
+                    (info.op_id, pl)
+                n["reads"] += 1
+                n["flagged"] += any(v.any() for v in full.values())
         n["as_it_stands"] += contents is not None
-        n["flagged"] += any(v.any() for v in full.values())
         return got
     o.check_reads = spy
     return e, e.run(), n
@@ -57,6 +77,7 @@ def test_incremental_oracle_equals_the_full_check_read_by_read(name, sets, flagg
     e, r, n = judged_both_ways(name, sets)
     assert n["reads"] == r.reads_total and n["as_it_stands"] > 0
     assert (n["flagged"] > 0) == flagged
+    assert n["merged_calls"] > 0            # per-layer reads judged together (sim.engine.layer_reads)
     o = e.oracle
     # it did skip: fewer entries looked up than judged, most pages judged from one piece
     assert 0 < o.entries_sampled < o.entries_checked
@@ -240,10 +261,12 @@ def test_incremental_oracle_equals_the_full_check_on_a_random_history(ops, first
     ("incident-short", ["run.layers=4", "run.duration_s=1.5", "model.index_k_dtype=bf16",
                         "variant.hypotheses=index-k-stride-mismatch"], False),
 ])
-def test_a_read_with_copies_in_flight_but_nothing_torn_is_judged_from_the_buffer(name, sets, flagged):
+def test_a_read_with_copies_in_flight_but_nothing_torn_is_judged_from_the_buffer(name, sets, flagged, monkeypatch):
     """A read that caught no copy item mid-flight (``capture.torn`` False) saw the buffer as it
     stands, copies in flight or not, so the engine hands the oracle the buffer: each such read's
-    verdict equals the check of its own views (``contents=None``)."""
+    verdict equals the check of its own views (``contents=None``).  (Every read is judged at its
+    capture here, with its capture: none is kept to be judged with its forward's others.)"""
+    monkeypatch.setattr(LayerReads, "keep", lambda self, op_id, rec, contents: False)
     e = PrefillEngine(load_scenario(name, sets), 0, keep="report")
     o = e.oracle
     orig = o.check_reads

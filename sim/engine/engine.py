@@ -65,6 +65,7 @@ from sim.engine.forward import (
     BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, entry_bytes, issue_forward, topk_verdict,
 )
 from sim.engine.models import ModelFamily, model as model_family
+from sim.engine.layer_reads import LayerReads
 from sim.engine.oracle import KVOracle
 from sim.engine.scenario import Scenario, load_scenario
 from sim.engine.workload import Request, Workload, WorkloadDriver, tokens
@@ -359,13 +360,17 @@ class PrefillEngine:
         self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)}), until judged
         self.report: dict | None = None            # keep="all": the run's verdicts (analyse), after finish()
         self._tally = _Tally(by_rank=[0] * self.ranks)
+        self._layer_reads: LayerReads | None = None     # keep="report" with the incremental oracle
         if self.keep == "report":
             self.session.set_read_sink(self._on_read, digests=False)
             if self.oracle.incremental:
                 # NOTE: the oracle remembers verdicts of pages not written since (its module
-                # doc); every mutation of the run's memory makes it forget the pages touched
+                # doc); every mutation of the run's memory makes it forget the pages touched,
+                # after the reads kept for it that cover those layers are judged
+                self._layer_reads = LayerReads(self.oracles, {name: lay.layer_bytes for bufs in self.rank_buffers
+                                                              for name, lay in bufs.values()}, self._tally_read)
                 for oracle, bufs in zip(self.oracles, self.rank_buffers):
-                    self.session.watch_writes(oracle.written, [name for name, _ in bufs.values()])
+                    self.session.watch_writes(self._watcher(oracle), [name for name, _ in bufs.values()])
         self.counts = dict(load_backs=0, load_back_tokens=0, batches=0, ownership_checks=0, chunks=0)
         self._stores = 0                 # batch stores issued (their number is their writes' version)
         self.chunked: _Admitted | None = None
@@ -993,7 +998,26 @@ class PrefillEngine:
         # items landed so far are applied before it; the sink runs at the read's instant), which
         # the oracle looks up once instead of view by view, and judges incrementally
         contents = None if capture.torn else self.session.buffer_contents(capture.buffer)
+        lr = self._layer_reads
+        if lr is not None:
+            # NOTE: an ok per-layer read waits to be judged with the forward's others of its rank
+            # and role, in one oracle call (sim.engine.layer_reads says why the verdicts agree)
+            rec = self.read_rids.get(capture.op_id)
+            if st == "ok" and contents is not None and rec is not None and lr.keep(capture.op_id, rec, contents):
+                del self.read_rids[capture.op_id]
+                return
+            lr.flush()
         self._judge(capture.op_id, st, capture, _Expected(expected_views), contents)
+
+    def _watcher(self, oracle: KVOracle):
+        """The run memory's write watcher for ``oracle``: the reads kept that a write touches
+        are judged first (``LayerReads.written``), then the oracle forgets its pages."""
+        lr = self._layer_reads
+
+        def written(buffer, offsets, lengths):
+            lr.written(buffer, offsets, lengths)
+            oracle.written(buffer, offsets, lengths)
+        return written
 
     def _judge(self, op_id: str, status: str, obs, ref, contents=None) -> None:
         """One read of a forward (``obs``: what it saw; ``ref``: its happens-before-order
@@ -1015,6 +1039,13 @@ class PrefillEngine:
         # the oracle: did each request see its own tokens' KV (in any order)?
         kv_wrong = {rid for rid, bad in self.oracles[rank].check_reads(info, obs, made_for, contents).items()
                     if bad.any()}
+        self._tally_read(op_id, status, info, consumer, rank, rids, kv_wrong, topk)
+
+    def _tally_read(self, op_id: str, status: str, info, consumer: int, rank: int, rids: set, kv_wrong: set,
+                    topk) -> None:
+        """Add one judged read to the tally: ``rids`` the requests its race hit, ``kv_wrong``
+        those the oracle found reading KV not theirs, ``topk`` the indexer's verdict (or None)."""
+        t = self._tally
         t.wrong |= kv_wrong
         t.wrong_reads += bool(kv_wrong)
         if rids or kv_wrong:
@@ -1029,6 +1060,8 @@ class PrefillEngine:
         t0 = time.perf_counter()
         s = self.session
         run = s.finish()
+        if self._layer_reads is not None:
+            self._layer_reads.flush()
         t = self._tally
         if self.keep == "all":
             ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)

@@ -60,7 +60,7 @@ from sim.engine.workload import TokenSource, tokens
 from sim.errors import InputError
 from sim.pools.layouts import PagedLayout
 
-__all__ = ["ContentKeys", "KVOracle", "content_key"]
+__all__ = ["ContentKeys", "KVOracle", "LayerContents", "content_key"]
 
 
 def content_key(req, n: int) -> tuple:
@@ -69,6 +69,56 @@ def content_key(req, n: int) -> tuple:
     if isinstance(src, TokenSource):
         return (-1, n) if n <= src.system_prompt_tokens else (req.session, n)
     return ("h", hashlib.blake2b(tokens(req)[:n].tobytes(), digest_size=12).hexdigest())
+
+
+class LayerContents:
+    """The bytes of one paged buffer that reads of several pool layers saw, each pool layer
+    as its own read saw it: ``parts[pool layer]`` is a ``CompactBuffer`` of the whole buffer
+    (a snapshot taken at that read) of which only that layer's bytes are looked at.  What
+    :meth:`KVOracle.check_reads` takes as ``contents`` to judge such reads in one call
+    (``by_layer=True``).  The parts share one origin table (``table``)."""
+
+    def __init__(self, parts: Mapping[int, object]):
+        if not parts:
+            raise InputError("parts", "expected at least one pool layer's contents")
+        self.parts = dict(parts)
+        tables = {id(b.table) for b in self.parts.values()}
+        if len(tables) != 1:
+            raise InputError("parts", f"expected contents sharing one origin table, got {len(tables)} tables")
+        self.table = next(iter(self.parts.values())).table
+
+
+def _pieces_at(contents, lo: np.ndarray, hi, layers):
+    """For byte offsets ``lo`` of ``contents`` (a ``CompactBuffer``, or a
+    :class:`LayerContents` with ``layers`` the pool layer of each offset): the origin id of
+    the piece of provenance holding each, ``delta`` (a byte ``x`` of that piece has stream
+    offset ``x + delta``), the piece's number, and the number of the piece holding each offset
+    of ``hi`` (None: not asked), both numbered alike, so equal exactly when ``lo[i]`` and
+    ``hi[i]`` lie in one piece."""
+    if isinstance(contents, LayerContents):
+        oid, delta, k = (np.empty(lo.size, np.int64) for _ in range(3))
+        k_hi = None if hi is None else np.empty(lo.size, np.int64)
+        base = 0
+        for pl in np.unique(layers).tolist():
+            m = np.flatnonzero(layers == pl)
+            o, d, kk, kh, n = _pieces_one(contents.parts[pl], lo[m], None if hi is None else hi[m])
+            oid[m], delta[m], k[m] = o, d, kk + base
+            if hi is not None:
+                k_hi[m] = kh + base
+            base += n
+        return oid, delta, k, k_hi
+    return _pieces_one(contents, lo, hi)[:4]
+
+
+def _pieces_one(buf, lo: np.ndarray, hi):
+    """:func:`_pieces_at` over one ``CompactBuffer``, and the number of pieces looked up."""
+    a = int(lo.min())
+    top = int(lo.max() if hi is None else hi.max())
+    p = buf.pieces(a, top + 1 - a)
+    p_start = np.asarray(p.start)
+    k = np.searchsorted(p_start, lo, side="right") - 1
+    k_hi = None if hi is None else np.searchsorted(p_start, hi, side="right") - 1
+    return np.asarray(p.origin_id)[k], np.asarray(p.stream_offset)[k] - p_start[k], k, k_hi, p_start.size
 
 
 class ContentKeys:
@@ -350,14 +400,21 @@ class KVOracle:
         some pool layer's entry holds bytes that are not ``req``'s KV."""
         return self.check_reads(info, obs_read, {req.rid: (req, n_ctx)})[req.rid]
 
-    def check_reads(self, info, obs_read, made_for: Mapping[int, tuple], contents=None) -> dict[int, np.ndarray]:
+    def check_reads(self, info, obs_read, made_for: Mapping[int, tuple], contents=None,
+                    by_layer: bool = False) -> dict[int, np.ndarray]:
         """:meth:`check_read` for every request ``rid -> (req, n_ctx)`` of ``made_for`` that
         the read has entries for, in groups of requests of about :attr:`CHUNK_SAMPLES` sampled
         bytes (the views are looked up once per group): ``{rid: bool per entry}``.
         ``contents``: the read's buffer (a ``CompactBuffer``) holding, at the read's offsets,
         exactly what its views saw (the buffer at the instant of the read, unless the done part
         of a copy item mid-flight lay in the read's bytes: ``ReadCapture.torn``); looked up once
-        per group instead of per view."""
+        per group instead of per view.  ``by_layer`` (incremental checks only,
+        :meth:`can_merge`): ``{rid: bool per (pool layer of info.pool_layers, entry)}``, each
+        row what a read of that pool layer alone gives; ``contents`` may then be a
+        :class:`LayerContents` (each pool layer's bytes as its own read saw them)."""
+        if by_layer and not (contents is not None and self.can_merge(info.role)):
+            raise InputError("by_layer", f"expected the incremental check (a paged layout and contents) for "
+                             f"{info.role!r}; the full check has no per-layer rows")
         if made_for is not self._memo_for[0]:
             # reads of another forward: the keys remembered are the last forward's
             self._expected_memo.clear()
@@ -374,16 +431,23 @@ class KVOracle:
             group[rid] = item
             n += len(info.entries[rid]) * per_entry
             if n >= self.CHUNK_SAMPLES:
-                out.update(self._check_group(info, obs_read, group, contents))
+                out.update(self._check_group(info, obs_read, group, contents, by_layer))
                 group, n = {}, 0
         if group:
-            out.update(self._check_group(info, obs_read, group, contents))
+            out.update(self._check_group(info, obs_read, group, contents, by_layer))
         return out
 
-    def _check_group(self, info, obs_read, made_for: Mapping[int, tuple], contents) -> dict[int, np.ndarray]:
+    def can_merge(self, role: str) -> bool:
+        """Whether reads of ``role`` that saw their buffer as it stands are checked
+        incrementally, so that reads of several pool layers can be judged in one call
+        (``check_reads(..., by_layer=True)``)."""
+        return self.incremental and isinstance(self.buffers[role][1], PagedLayout)
+
+    def _check_group(self, info, obs_read, made_for: Mapping[int, tuple], contents,
+                     by_layer: bool = False) -> dict[int, np.ndarray]:
         name, lay = self.buffers[info.role]
         if contents is not None and self.incremental and isinstance(lay, PagedLayout):
-            return self._check_incremental(info, made_for, contents)
+            return self._check_incremental(info, made_for, contents, by_layer)
         kind = self.kinds[name]
         nf = len(lay.effective_fields)
         out: dict[int, np.ndarray] = {}
@@ -501,7 +565,8 @@ class KVOracle:
             ok[np.flatnonzero(ok)] = good[inv.ravel()]
         return ok
 
-    def _check_incremental(self, info, made_for: Mapping[int, tuple], contents) -> dict[int, np.ndarray]:
+    def _check_incremental(self, info, made_for: Mapping[int, tuple], contents,
+                           by_layer: bool = False) -> dict[int, np.ndarray]:
         """:meth:`_check_group` for a paged buffer as it stands (``contents``): only the
         (pool layer, page) pairs not remembered right for the expected key are judged (module
         doc), then the pairs found right are remembered.
@@ -513,7 +578,8 @@ class KVOracle:
         ``page start + delta`` is a multiple of the page (then every sample's source unit is
         ``(page start + delta) // page bytes``); owner, kind and layer are the piece's.  So
         each sample's check gives the pair's one verdict.  Other pairs are checked sample by
-        sample (:meth:`_sample_ok`)."""
+        sample (:meth:`_sample_ok`).  ``by_layer``: ``bad`` per (pool layer, entry)
+        (:meth:`check_reads`)."""
         name, lay = self.buffers[info.role]
         kind = self.kinds[name]
         epu, ub, lb = lay.entries_per_page, lay.page_bytes, np.int64(lay.layer_bytes)
@@ -547,19 +613,20 @@ class KVOracle:
             base += ne
         if not rids:
             return out
-        bad = np.zeros(base, bool)
+        # the row of ``bad`` each pool layer's wrong entries go to: one row unless ``by_layer``
+        row = np.zeros(int(layers.max()) + 1, np.int64)
+        if by_layer:
+            row[layers] = np.arange(layers.size)
+        bad = np.zeros((layers.size if by_layer else 1, base), bool)
         if parts:
             pg, ppl, ppage, pkey, pmin, pmax, pst, pcnt, plead = (np.concatenate([x[k] for x in parts])
                                                                   for k in range(9))
             page0 = ppl * lb + ppage * ub
             lo = page0 + (f_off[None, :] + pmin[:, None] * f_len[None, :]).min(axis=1)
             hi = page0 + (f_off[None, :] + pmax[:, None] * f_len[None, :]).max(axis=1)
-            p = contents.pieces(int(lo.min()), int(hi.max()) + 1 - int(lo.min()))
-            p_start, p_oid, p_so = np.asarray(p.start), np.asarray(p.origin_id), np.asarray(p.stream_offset)
-            k = np.searchsorted(p_start, lo, side="right") - 1
+            oid, delta, k, k_hi = _pieces_at(contents, lo, hi, ppl)
             og_owner, og_layer, og_ub, og_kind, og_version = self._origin_fields(contents.table)
-            oid = p_oid[k]
-            one = (k == np.searchsorted(p_start, hi, side="right") - 1) & (og_ub[oid] == ub)
+            one = (k == k_hi) & (og_ub[oid] == ub)
             right = np.zeros(pg.size, bool)
             n_one = int(one.sum())
             self.pairs_one_piece += n_one
@@ -568,7 +635,7 @@ class KVOracle:
             a = np.flatnonzero(one)
             if a.size:
                 o1 = oid[a]
-                src0 = page0[a] + p_so[k[a]] - p_start[k[a]]
+                src0 = page0[a] + delta[a]
                 ok = (og_owner[o1] >= 0) & (og_kind[o1] == self._kind_code(kind)) & (og_layer[o1] == ppl[a]) \
                     & (src0 % ub == 0)
                 sel = np.flatnonzero(ok)
@@ -580,11 +647,12 @@ class KVOracle:
                 wrong = a[~ok]
                 if wrong.size:
                     c = pcnt[wrong]
-                    bad[np.repeat(pst[wrong], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))] = True
+                    bad[np.repeat(row[ppl[wrong]], c),
+                        np.repeat(pst[wrong], c) + (np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c))] = True
             # several pieces (or another unit size): sample by sample
             b = np.flatnonzero(~one)
             if b.size:
-                right[b] = self._pairs_by_sample(kind, lay, contents, parts, b, bad)
+                right[b] = self._pairs_by_sample(kind, lay, contents, parts, b, bad, row)
             # remember the pairs found right (their entries 0..n-1), forget those found wrong
             keep = right & plead
             if keep.any():
@@ -594,7 +662,7 @@ class KVOracle:
             if not right.all():
                 jk[pg[~right]] = -1
         for rid, a_, n in zip(rids, np.cumsum([0] + sizes[:-1]).tolist(), sizes):
-            out[rid] = bad[a_:a_ + n]
+            out[rid] = bad[:, a_:a_ + n] if by_layer else bad[0, a_:a_ + n]
         return out
 
     def _page_runs(self, entries, w: np.ndarray, epu: int) -> tuple:
@@ -629,10 +697,11 @@ class KVOracle:
         memo[mk] = (entries, w, runs)
         return runs
 
-    def _pairs_by_sample(self, kind, lay, contents, parts, sel: np.ndarray, bad: np.ndarray) -> np.ndarray:
+    def _pairs_by_sample(self, kind, lay, contents, parts, sel: np.ndarray, bad: np.ndarray,
+                         row: np.ndarray) -> np.ndarray:
         """Judge pairs ``sel`` (indices into the concatenated pairs of ``parts``, see
-        :meth:`_check_incremental`) sample by sample, marking their wrong entries in ``bad``;
-        returns whether each pair was right."""
+        :meth:`_check_incremental`) sample by sample, marking their wrong entries in row
+        ``row[pool layer]`` of ``bad``; returns whether each pair was right."""
         nf, lb = len(lay.effective_fields), np.int64(lay.layer_bytes)
         offs, in_unit, entry, pls, want, lens = [], [], [], [], [], []
         first = 0
@@ -654,11 +723,7 @@ class KVOracle:
             want.append(np.repeat(w[e_idx], nf))
             lens.append(c * nf)
         offs, in_unit, entry, pls, want, lens = (np.concatenate(x) for x in (offs, in_unit, entry, pls, want, lens))
-        lo, hi = int(offs.min()), int(offs.max()) + 1
-        p = contents.pieces(lo, hi - lo)
-        k = np.searchsorted(p.start, offs, side="right") - 1
-        oid = np.asarray(p.origin_id)[k]
-        so = np.asarray(p.stream_offset)[k] + offs - np.asarray(p.start)[k]
-        ok = self._sample_ok(kind, contents.table, oid, so, in_unit, pls, want)
-        bad[entry[~ok]] = True
+        oid, delta, _, _ = _pieces_at(contents, offs, None, pls)
+        ok = self._sample_ok(kind, contents.table, oid, delta + offs, in_unit, pls, want)
+        bad[row[pls[~ok]], entry[~ok]] = True
         return np.logical_and.reduceat(ok, np.cumsum(lens) - lens)
