@@ -127,9 +127,12 @@ class DecodeCacheEngine(DecodeEngine):
 
     # NOTE: a decode-side read is judged exactly as a prefill read (race verdict, requests hit,
     # index-K top-k, KV oracle): the prefill engine's methods, which use only the attributes
-    # set below (session, buffers, oracles, ranks, read_rids, model, _tally)
+    # set below (session, buffers, oracles, ranks, read_rids, model, _tally); each read is judged
+    # at its capture (no sim.engine.layer_reads here)
+    _layer_reads = None
     _on_read = PrefillEngine._on_read
     _judge = PrefillEngine._judge
+    _tally_read = PrefillEngine._tally_read
     _requests_hit = PrefillEngine._requests_hit
     _topk_changed = PrefillEngine._topk_changed
     _read_bytes = staticmethod(PrefillEngine._read_bytes)
