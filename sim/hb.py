@@ -848,6 +848,10 @@ class _LiveBuffer:
         self.wide: list[int] = []
         self._indexed = 0                   # rows[:_indexed] are in buckets / wide (see _index_rows)
         self.writes = 0                     # rows that are writes (none: a read cannot race here)
+        # the largest position per clock component of the live rows, and of the live write rows:
+        # an access whose clock reaches every one of them is after every row (racing's shortcut)
+        self._top: dict[int, int] = {}
+        self._top_w: dict[int, int] = {}
         # columns (start, end, op, comp, pos, write) of rows[:_n_cols]; rows appended since
         # are in _pending as (starts, ends, op, comp, pos, write) chunks until columns() is asked
         self._cols = tuple(np.zeros(0, np.int64) for _ in range(5)) + (np.zeros(0, bool),)
@@ -949,8 +953,12 @@ class _LiveBuffer:
                 made.extend(zip(s, e, repeat(op), repeat(comp), repeat(pos), repeat(write)))
         self._pending.append((s if s_arr is None else s_arr, e if e_arr is None else e_arr, op, comp, pos, write))
         self._n += len(s)
+        if self._top.get(comp, 0) < pos:
+            self._top[comp] = pos
         if write:
             self.writes += len(s)
+            if self._top_w.get(comp, 0) < pos:
+                self._top_w[comp] = pos
 
     def _index_rows(self) -> None:
         """Put the rows appended since the last call in the buckets (or ``wide``), in row
@@ -1051,7 +1059,19 @@ class _LiveBuffer:
         """Op indices (an iterable, repeats allowed) of the live rows that overlap ``[s, e)``
         and race an access of an op with clock ``clock`` (``cl``: the same as a list, or None):
         the row's op is not ordered before it (``clock[comp] < pos``) and one side writes.
-        The same ops as filtering ``overlapping(s, e)``."""
+        The same ops as filtering ``overlapping(s, e)``.
+
+        NOTE: first, whether the clock reaches the largest position of each component among
+        the rows that could race (every row for a write, the write rows for a read): then no
+        row races whatever it overlaps (a load copy issued after the forward's reads it
+        overwrites, a read after the loads it waited for), without looking at the rows."""
+        if cl is None:
+            cl = clock.tolist()
+        for c, p in (self._top if write else self._top_w).items():
+            if cl[c] < p:
+                break
+        else:
+            return ()
         cand = self._bucket_rows(s, e)
         if cand is None and self._n >= self.NUMPY_ROWS and \
                 self._touched_buckets(s, e, s_arr, e_arr) > 4 * self.MAX_BUCKETS:
@@ -1069,8 +1089,6 @@ class _LiveBuffer:
             cand = self._overlapping_py(s, e)
         if not cand:
             return ()
-        if cl is None:
-            cl = clock.tolist()
         return [row[2] for row in cand if cl[row[3]] < row[4] and (write or row[5])]
 
     def _overlapping_py(self, s: list, e: list) -> list:
@@ -1119,8 +1137,10 @@ class _LiveBuffer:
             # the tuples made already of the rows kept: a prefix of the kept rows
             made = self._rows
             self._rows = [made[r] for r in idx[:int(np.searchsorted(idx, len(made)))].tolist()]
-            self._cols = tuple(c[idx] for c in cols)
-            n, writes = idx.size, int(np.count_nonzero(W[idx]))
+            self._cols = cols = tuple(c[idx] for c in cols)
+            w = cols[5]
+            n, writes = idx.size, int(np.count_nonzero(w))
+            self._top, self._top_w = _tops(cols[3], cols[4]), _tops(cols[3][w], cols[4][w])
         else:
             rows = self.rows
             kept = [row for row in rows if floor[row[3]] < row[4]]
@@ -1129,6 +1149,13 @@ class _LiveBuffer:
             self._cols, self._pending = _columns_of(kept), []
             self._rows = kept
             n, writes = len(kept), sum(1 for row in kept if row[5])
+            top, top_w = {}, {}
+            for row in kept:
+                if top.get(row[3], 0) < row[4]:
+                    top[row[3]] = row[4]
+                if row[5] and top_w.get(row[3], 0) < row[4]:
+                    top_w[row[3]] = row[4]
+            self._top, self._top_w = top, top_w
         self._n_cols = self._n = n
         self.writes = writes
         self.buckets, self.wide, self._indexed = {}, [], 0
@@ -1136,6 +1163,15 @@ class _LiveBuffer:
     def ops(self) -> list:
         """The op index of every live row (repeats included)."""
         return self.columns()[2].tolist()
+
+
+def _tops(comp: np.ndarray, pos: np.ndarray) -> dict[int, int]:
+    """The largest ``pos`` per ``comp`` value (positions are at least 1)."""
+    if not comp.size:
+        return {}
+    top = np.zeros(int(comp.max()) + 1, np.int64)
+    np.maximum.at(top, comp, pos)
+    return {c: p for c, p in enumerate(top.tolist()) if p}
 
 
 def _columns_of(rows: list) -> tuple:
@@ -1225,6 +1261,8 @@ class RaceTracker:
                 for w, s, e, sa, ea in spans:
                     if not (w or lb.writes):
                         continue                # a read where only reads are live: nothing to race
+                    if cl is None:
+                        cl = clock.tolist()
                     ops = lb.racing(s, e, sa, ea, w, clock, cl)
                     if ops:
                         hits.update(ops)
