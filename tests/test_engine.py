@@ -103,6 +103,39 @@ def test_ownership_check_catches_a_slot_of_the_tree(monkeypatch):
         e.run()
 
 
+@pytest.mark.parametrize("name, sets", [
+    ("incident-short", ["run.layers=4", "run.duration_s=1.5", "workload.concurrency=4"]),     # load-backs
+    ("glm5-22811-small", ["run.layers=2", "workload.sessions=5", "workload.max_turns=3", "workload.concurrency=4",
+                          "scheduler.max_total_tokens=1536", "workload.max_context_tokens=1472"]),   # evictions
+])
+def test_tree_slot_counts_kept_across_batches_equal_a_fresh_walk(name, sets, monkeypatch):
+    """``_tree_slots`` counts the value arrays that appeared or went since its last walk; at
+    every batch the slots it counts are exactly those of the tree's values then."""
+    orig = PrefillEngine._tree_slots
+    seen = {"batches": 0, "changed": 0}
+
+    def checked(self):
+        before = dict(self._tree_vals)
+        cnt = orig(self)
+        fresh = []
+        stack = [self.cache.root_node]
+        while stack:
+            n = stack.pop()
+            if n.value is not None and n.parent is not None:
+                fresh.append(np.asarray(n.value, np.int64))
+            stack.extend(n.children.values())
+        tree = np.unique(np.concatenate(fresh)) if fresh else np.zeros(0, np.int64)
+        assert np.array_equal(np.flatnonzero(cnt > 0), tree)
+        seen["batches"] += 1
+        seen["changed"] += before.keys() != self._tree_vals.keys()
+        return cnt
+    monkeypatch.setattr(PrefillEngine, "_tree_slots", checked)
+    r = PrefillEngine(load_scenario(name, sets), 0, keep="report").run()
+    assert seen["batches"] == r.batches and seen["changed"] > 1
+    if name == "incident-short":
+        assert r.load_backs > 0
+
+
 def test_same_seed_same_result(r510):
     assert small("upstream-0.5.10").run().signature() == r510.signature()
 

@@ -339,6 +339,8 @@ class PrefillEngine:
         if self.pd and sc.hicache.decode:
             self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise)
         self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
+        self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64) counted
+        self._tree_count = np.zeros(0, np.int32)
         # pool role -> (device buffer, layout): what the forward model reads
         self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
         specs = self.model.pools_for(self.options)
@@ -479,28 +481,53 @@ class PrefillEngine:
         return self.session.allocator.alloc(need) if self._ensure(need) else None
 
     # ---------------------------------------------------------------- ownership
+    def _tree_slots(self) -> np.ndarray:
+        """Per device slot, how many tree nodes' values hold it (int32, as long as the largest
+        slot any value held), from a walk of the tree.
+
+        NOTE: kept across batches, with the value arrays counted: a walk adds the arrays that
+        appeared since the last one and takes out those gone, O(changes) array work instead of
+        concatenating the whole tree's slots (a split, an eviction, a load-back or an insert
+        gives a node a new array or none; an array is never written in place).  The arrays
+        counted are held here, so an id is never that of a freed array."""
+        vals: dict[int, tuple] = {}
+        stack = [self.cache.root_node]
+        while stack:
+            n = stack.pop()
+            v = n.value
+            if v is not None and n.parent is not None:
+                vals[id(v)] = (v, None)
+            stack.extend(n.children.values())
+        old = self._tree_vals
+        cnt = self._tree_count
+        for k in old.keys() - vals.keys():
+            cnt[old[k][1]] -= 1
+        for k in vals.keys() - old.keys():
+            arr = np.asarray(vals[k][0], np.int64)
+            if arr.size and int(arr.max()) >= cnt.size:
+                cnt = np.concatenate([cnt, np.zeros(max(int(arr.max()) + 1, 2 * cnt.size) - cnt.size, np.int32)])
+            cnt[arr] += 1
+            vals[k] = (vals[k][0], arr)
+        for k in vals.keys() & old.keys():
+            vals[k] = old[k]
+        self._tree_vals, self._tree_count = vals, cnt
+        return cnt
+
     def _check_ownership(self, batch: list[_Admitted]) -> None:
         """Every slot a request's kernels read is its own: its prefix slots are the values of
         the locked path from the root to its last node (plus what it loaded back), its new
         slots are allocated (not free), hold no tree node's KV, and no other request of the
         batch has them."""
-        # NOTE: membership by boolean masks over slot and page ids, built once per batch: the
-        # tree can hold the whole device pool (a million slots in the incident), which sets of
-        # Python ints rebuilt per batch made the largest part of a long run's engine time
+        # NOTE: membership by masks over slot and page ids: the tree can hold the whole device
+        # pool (a million slots in the incident), which sets of Python ints rebuilt per batch
+        # made the largest part of a long run's engine time
         free = self.session.allocator.free_page_ids()
-        parts = []
-        stack = [self.cache.root_node]
-        while stack:
-            n = stack.pop()
-            if n.value is not None and n.parent is not None:
-                parts.append(np.asarray(n.value, np.int64))
-            stack.extend(n.children.values())
-        tree = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+        in_tree = self._tree_slots()
         mine_all = [a.new[:a.n_new] for a in batch]
-        top = 1 + max([int(tree.max()) if tree.size else 0]
+        top = 1 + max([in_tree.size - 1]
                       + [int(x.max()) for a in batch for x in (a.prefix, a.new[:a.n_new]) if len(x)])
-        in_tree = np.zeros(top, bool)
-        in_tree[tree] = True
+        if top > in_tree.size:
+            in_tree = np.concatenate([in_tree, np.zeros(top - in_tree.size, in_tree.dtype)])
         seen_new = np.zeros(top, bool)
         is_free = np.zeros(max(top // self.page + 1, int(free.max()) + 1 if free.size else 0), bool)
         is_free[free] = True
@@ -523,7 +550,7 @@ class PrefillEngine:
                 raise OwnershipError(f"request {a.req.rid}: reads pages {bad[:4].tolist()} "
                                      "that are free in the allocator")
             mine = unique_sorted(used)
-            bad = mine[in_tree[mine]]
+            bad = mine[in_tree[mine] > 0]
             if bad.size:
                 raise OwnershipError(f"request {a.req.rid}: new slots {bad[:4].tolist()} hold a tree "
                                      "node's KV")
