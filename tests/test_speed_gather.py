@@ -1,7 +1,8 @@
 """The compact model's joined blocks (issue 9's speed): a gather over the blocks its extents
 touch keeps the last join (``CompactBuffer._blocks_joined``), so a load-back's per-layer
 copies out of one host pool join the same blocks once; every gather still equals the gather
-over the whole span, before and after writes, re-cuts and writes to a clone."""
+over the whole span, before and after writes, re-cuts and writes to a clone.  A gather that
+touches more than half the blocks of its span joins every block of it, kept the same way."""
 import numpy as np
 import pytest
 
@@ -31,7 +32,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(CompactBuffer, "block_segments", 16)
 
 
-def _paged(rng, pages=200, layers=4, unit=16):
+def _paged(rng, pages=200, layers=4, unit=16, chosen=12):
     """A page_first-like buffer: every (page, layer) slice its own segment, as a host pool
     after backups; returns it and the slice offsets of a few pages for layer ``L``."""
     table = OriginTable()
@@ -39,7 +40,7 @@ def _paged(rng, pages=200, layers=4, unit=16):
     for p in range(pages):
         for L in range(layers):
             buf.fill([(p * layers + L) * unit], [unit], ORIGINS[1 + (p + L) % 2], [(p * 7 + L) * unit])
-    chosen = np.sort(rng.choice(pages, 12, replace=False)).astype(np.int64)
+    chosen = np.sort(rng.choice(pages, chosen, replace=False)).astype(np.int64)
 
     def layer(L):
         return (chosen * layers + L) * unit, np.full(chosen.size, unit, np.int64)
@@ -95,3 +96,25 @@ def test_the_joined_arrays_cannot_be_written(small_blocks):
     buf._gather(*layer(1))
     for a in buf._joined[2]:
         assert not a.flags.writeable
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_dense_gather_joins_the_whole_span_and_reuses_it(small_blocks, seed):
+    """150 of 200 pages: most blocks of the span are touched, so the span is joined whole;
+    right before and after writes, and the next layer (the same span unless its first or last
+    page straddles a block) finds the join."""
+    rng = np.random.default_rng(seed)
+    buf, layer = _paged(rng, chosen=150)
+    touched = _touched(buf, *layer(0))
+    assert 2 * len(touched) > touched[-1] + 1 - touched[0]
+    assert _same(buf, *layer(0))
+    reused = 0
+    for L in range(1, 4):
+        entry = buf._joined
+        assert _same(buf, *layer(L))
+        reused += buf._joined is entry
+    assert reused >= 1
+    s_off, lens = layer(1)
+    buf.fill([int(s_off[40]) + 3], [7], ORIGINS[2], [int(rng.integers(999))])
+    for L in range(4):
+        assert _same(buf, *layer(L))

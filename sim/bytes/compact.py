@@ -759,11 +759,13 @@ class CompactBuffer:
         """``_window_gather`` of extents ``[s_off, s_off + lens)`` (non-empty, in bounds) over
         this buffer: their source pieces, in extent order then position.
 
-        NOTE: only the blocks the extents touch are concatenated.  A copy's extents can be
-        spread over the whole buffer (a per-layer load from a ``page_first`` host pool reads
-        one slice of every page), where concatenating every block between the first and the
-        last extent cost more than the gather.  A segment's end is the next segment's start
-        in the buffer, or the end of its block, so the pieces are those of the whole span."""
+        NOTE: only the blocks the extents touch are concatenated (every block of the span when
+        they touch more than half of it), through ``_blocks_joined``, which keeps its last
+        result.  A copy's extents can be spread over the whole buffer (a per-layer load from a
+        ``page_first`` host pool reads one slice of every page), where concatenating every
+        block between the first and the last extent cost more than the gather, and the next
+        layer's copy reads the same blocks.  A segment's end is the next segment's start in
+        the buffer, or the end of its block, so the pieces are those of the whole span."""
         first = self._first
         nblk = len(first)
         s_end = s_off + lens
@@ -772,15 +774,18 @@ class CompactBuffer:
             cnt = first.searchsorted(s_end, "left") - kb0
             k0, k1 = int(kb0.min()), int((kb0 + cnt).max())
             blocks = unique_sorted(np.repeat(kb0, cnt) + _ranks(cnt))
-            if 2 * blocks.size <= k1 - k0:
-                st, seg_end, oid_all, soff_all = self._blocks_joined(blocks)
-                i0 = np.searchsorted(st, s_off, side="right") - 1
-                c = np.searchsorted(st, s_end, side="left") - i0
-                ext = np.repeat(np.arange(len(lens)), c)
-                seg = i0[ext] + _ranks(c)
-                ps = np.maximum(st[seg], s_off[ext])
-                pe = np.minimum(seg_end[seg], s_end[ext])
-                return ext, ps, pe, oid_all[seg], soff_all[seg] + (ps - st[seg])
+            if 2 * blocks.size > k1 - k0:
+                # NOTE: dense: every block of the span, joined (and kept: the next layer's copy
+                # out of the same host pool spans the same blocks, as a sparse one touches them)
+                blocks = np.arange(k0, k1)
+            st, seg_end, oid_all, soff_all = self._blocks_joined(blocks)
+            i0 = np.searchsorted(st, s_off, side="right") - 1
+            c = np.searchsorted(st, s_end, side="left") - i0
+            ext = np.repeat(np.arange(len(lens)), c)
+            seg = i0[ext] + _ranks(c)
+            ps = np.maximum(st[seg], s_off[ext])
+            pe = np.minimum(seg_end[seg], s_end[ext])
+            return ext, ps, pe, oid_all[seg], soff_all[seg] + (ps - st[seg])
         _, _, st, oid, soff, end = self._span(int(s_off.min()), int(s_end.max()))
         return _window_gather(st, oid, soff, end, s_off, lens)
 
