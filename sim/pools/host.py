@@ -107,12 +107,16 @@ def resolve_layout_io_compatibility(layout: str, io_backend: str, *, is_hip: boo
 
 
 def _ints(v: Any, where: str) -> np.ndarray:
+    """``v`` as a 1-D int64 array, the caller's own array when it is one already.
+
+    NOTE: not copied (a load-back converts the same indices once per layer and pool: 43 x 5
+    copies of tens of thousands of indices); nothing here writes an index array in place."""
     a = np.asarray(v)
     if a.size == 0:
         return np.zeros(0, dtype=np.int64)
     if not np.issubdtype(a.dtype, np.integer):
         raise InputError(where, f"expected integer indices, got dtype {a.dtype}")
-    return a.astype(np.int64).reshape(-1)
+    return a.astype(np.int64, copy=False).reshape(-1)
 
 
 def _copy(routine: str, src: str, dst: str, args: dict, note: str) -> dict:
