@@ -136,6 +136,25 @@ def test_tree_slot_counts_kept_across_batches_equal_a_fresh_walk(name, sets, mon
         assert r.load_backs > 0
 
 
+def test_a_requests_ids_are_kept_read_only_until_its_prefill_is_done(monkeypatch):
+    from sim.engine.workload import tokens
+    seen = {}
+    orig = PrefillEngine._tokens
+
+    def spy(self, req):
+        got = orig(self, req)
+        assert np.array_equal(got, tokens(req)) and not got.flags.writeable
+        seen[req.rid] = seen.get(req.rid, 0) + 1
+        return got
+    monkeypatch.setattr(PrefillEngine, "_tokens", spy)
+    e = PrefillEngine(load_scenario("glm5-22811-small", [
+        "run.layers=2", "workload.sessions=5", "workload.max_turns=3", "workload.concurrency=4",
+        "scheduler.max_total_tokens=1536", "workload.max_context_tokens=1472"]), 0, keep="report")
+    r = e.run()
+    assert len(seen) == r.requests_total and max(seen.values()) > 1      # some matched more than once
+    assert not e._ids                                                    # every prefill done dropped its ids
+
+
 def test_same_seed_same_result(r510):
     assert small("upstream-0.5.10").run().signature() == r510.signature()
 

@@ -341,6 +341,7 @@ class PrefillEngine:
         self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
         self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64) counted
         self._tree_count = np.zeros(0, np.int32)
+        self._ids: dict[int, np.ndarray] = {}  # rid -> its input ids (_tokens)
         # pool role -> (device buffer, layout): what the forward model reads
         self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
         specs = self.model.pools_for(self.options)
@@ -422,6 +423,19 @@ class PrefillEngine:
                                            zip(bufs.values(), self.buffers.values())})
             for bufs in self.rank_buffers[1:]]
 
+    def _tokens(self, req: Request) -> np.ndarray:
+        """``tokens(req)``, read-only, kept until the request's prefill is done.
+
+        NOTE: a waiting request is matched again at every batch it does not fit (its ids are
+        a hash of every position: an 80k-token context cost about 2 % of a long run)."""
+        got = self._ids.get(req.rid)
+        if got is None:
+            if len(self._ids) >= 4 * self.scenario.scheduler.max_running_requests:
+                self._ids.clear()            # NOTE: a bound only; requests done are dropped below
+            got = self._ids[req.rid] = tokens(req)
+            got.setflags(write=False)
+        return got
+
     def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
         it does not fit the chunk budget (and may not be chunked) or the device pool now.
@@ -429,7 +443,7 @@ class PrefillEngine:
         ``can_chunk`` and at least a page of budget is left: this batch computes a page-aligned
         first chunk of it (``chunk``), later batches the rest."""
         cache = self.cache
-        ids = tokens(req)
+        ids = self._tokens(req)
         key = RadixKey(ids)
         n_total = len(key)
         # NOTE: as SGLang's Req.init_next_round_input, the match runs on all but the last token
@@ -665,6 +679,7 @@ class PrefillEngine:
         ``insert`` its KV (duplicates of what the tree has and the unaligned tail freed), then
         hand it to decode."""
         s = self.session
+        self._ids.pop(a.req.rid, None)
         res = self.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
         aligned = len(a.key) // self.page * self.page
         dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
@@ -697,7 +712,7 @@ class PrefillEngine:
         aligned = computed // self.page * self.page
         if aligned <= len(a.prefix):
             return
-        ids = tokens(a.req)
+        ids = self._tokens(a.req)
         slots = np.concatenate([a.prefix, a.new])
         key = RadixKey(ids[:aligned])
         res = self.cache.insert(InsertParams(key, slots[:aligned].copy(), chunked=True))
