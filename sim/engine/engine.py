@@ -276,8 +276,10 @@ class PrefillEngine:
     after the run (``sim.verdicts.analyse`` against ``run_reference``); ``"report"``
     (streaming, what ``kvrace run`` and :func:`run_prefill_engine` use): the verdicts are
     computed while the run runs (the session's ``keep="report"``), each read judged (race
-    verdict, the requests it hit, top-k, the KV oracle) when the run captures it and then
-    forgotten, so memory follows the live state and what the result lists.  Both give the
+    verdict, the requests it hit, top-k, the KV oracle) when the run captures it (the oracle
+    judges a per-layer forward's ``ok`` reads together, before any other read is judged and
+    before a write into their layers: :mod:`sim.engine.layer_reads`) and then forgotten, so memory
+    follows the live state and what the result lists.  Both give the
     same :class:`EngineResult` (``tests/test_engine_stream.py``)."""
 
     def __init__(self, scenario: Scenario, seed: int | None = None, *, layers: int | None = None,
