@@ -115,7 +115,7 @@ def test_tree_slot_counts_kept_across_batches_equal_a_fresh_walk(name, sets, mon
     seen = {"batches": 0, "changed": 0}
 
     def checked(self):
-        before = dict(self._tree_vals)
+        before = set(self._tree_vals)
         cnt = orig(self)
         fresh = []
         stack = [self.cache.root_node]
@@ -127,7 +127,7 @@ def test_tree_slot_counts_kept_across_batches_equal_a_fresh_walk(name, sets, mon
         tree = np.unique(np.concatenate(fresh)) if fresh else np.zeros(0, np.int64)
         assert np.array_equal(np.flatnonzero(cnt > 0), tree)
         seen["batches"] += 1
-        seen["changed"] += before.keys() != self._tree_vals.keys()
+        seen["changed"] += before != set(self._tree_vals)
         return cnt
     monkeypatch.setattr(PrefillEngine, "_tree_slots", checked)
     r = PrefillEngine(load_scenario(name, sets), 0, keep="report").run()

@@ -341,7 +341,7 @@ class PrefillEngine:
         if self.pd and sc.hicache.decode:
             self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise)
         self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
-        self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64) counted
+        self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64), counted
         self._tree_count = np.zeros(0, np.int32)
         self._ids: dict[int, np.ndarray] = {}  # rid -> its input ids (_tokens)
         # pool role -> (device buffer, layout): what the forward model reads
@@ -506,27 +506,24 @@ class PrefillEngine:
         concatenating the whole tree's slots (a split, an eviction, a load-back or an insert
         gives a node a new array or none; an array is never written in place).  The arrays
         counted are held here, so an id is never that of a freed array."""
-        vals: dict[int, tuple] = {}
+        vals = {}
         stack = [self.cache.root_node]
         while stack:
             n = stack.pop()
             v = n.value
             if v is not None and n.parent is not None:
-                vals[id(v)] = (v, None)
+                vals[id(v)] = v
             stack.extend(n.children.values())
-        old = self._tree_vals
-        cnt = self._tree_count
-        for k in old.keys() - vals.keys():
-            cnt[old[k][1]] -= 1
-        for k in vals.keys() - old.keys():
-            arr = np.asarray(vals[k][0], np.int64)
+        held, cnt = self._tree_vals, self._tree_count
+        for k in held.keys() - vals.keys():
+            cnt[held.pop(k)[1]] -= 1
+        for k in vals.keys() - held.keys():
+            arr = np.asarray(vals[k], np.int64)
             if arr.size and int(arr.max()) >= cnt.size:
                 cnt = np.concatenate([cnt, np.zeros(max(int(arr.max()) + 1, 2 * cnt.size) - cnt.size, np.int32)])
             cnt[arr] += 1
-            vals[k] = (vals[k][0], arr)
-        for k in vals.keys() & old.keys():
-            vals[k] = old[k]
-        self._tree_vals, self._tree_count = vals, cnt
+            held[k] = (vals[k], arr)
+        self._tree_count = cnt
         return cnt
 
     def _check_ownership(self, batch: list[_Admitted]) -> None:

@@ -415,6 +415,9 @@ class KVOracle:
         if by_layer and not (contents is not None and self.can_merge(info.role)):
             raise InputError("by_layer", f"expected the incremental check (a paged layout and contents) for "
                              f"{info.role!r}; the full check has no per-layer rows")
+        if by_layer and len(set(info.pool_layers)) != len(info.pool_layers):
+            raise InputError("info.pool_layers", f"expected distinct pool layers (one row each), got "
+                             f"{list(info.pool_layers)}")
         if made_for is not self._memo_for[0]:
             # reads of another forward: the keys remembered are the last forward's
             self._expected_memo.clear()
@@ -446,7 +449,7 @@ class KVOracle:
     def _check_group(self, info, obs_read, made_for: Mapping[int, tuple], contents,
                      by_layer: bool = False) -> dict[int, np.ndarray]:
         name, lay = self.buffers[info.role]
-        if contents is not None and self.incremental and isinstance(lay, PagedLayout):
+        if contents is not None and self.can_merge(info.role):
             return self._check_incremental(info, made_for, contents, by_layer)
         kind = self.kinds[name]
         nf = len(lay.effective_fields)
