@@ -64,7 +64,7 @@ class LayerReads:
         self._made_for = None
         self._layers: dict[str, set] = {}       # buffer -> pool layers of the reads kept
         self._entries: dict[tuple, object] = {}  # (rank, role) -> the entries its reads were made of
-        self.calls = 0                          # oracle calls made by flush (for benchmarks)
+        self.calls = 0                          # oracle calls made by flush (tests and benchmarks count them)
 
     def __len__(self) -> int:
         return len(self._kept)
