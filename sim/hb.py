@@ -1137,10 +1137,8 @@ class _LiveBuffer:
             # the tuples made already of the rows kept: a prefix of the kept rows
             made = self._rows
             self._rows = [made[r] for r in idx[:int(np.searchsorted(idx, len(made)))].tolist()]
-            self._cols = cols = tuple(c[idx] for c in cols)
-            w = cols[5]
-            n, writes = idx.size, int(np.count_nonzero(w))
-            self._top, self._top_w = _tops(cols[3], cols[4]), _tops(cols[3][w], cols[4][w])
+            self._cols = tuple(c[idx] for c in cols)
+            n, writes = idx.size, int(np.count_nonzero(W[idx]))
         else:
             rows = self.rows
             kept = [row for row in rows if floor[row[3]] < row[4]]
@@ -1149,13 +1147,8 @@ class _LiveBuffer:
             self._cols, self._pending = _columns_of(kept), []
             self._rows = kept
             n, writes = len(kept), sum(1 for row in kept if row[5])
-            top, top_w = {}, {}
-            for row in kept:
-                if top.get(row[3], 0) < row[4]:
-                    top[row[3]] = row[4]
-                if row[5] and top_w.get(row[3], 0) < row[4]:
-                    top_w[row[3]] = row[4]
-            self._top, self._top_w = top, top_w
+        comp, pos, w = self._cols[3], self._cols[4], self._cols[5]
+        self._top, self._top_w = _tops(comp, pos), _tops(comp[w], pos[w])
         self._n_cols = self._n = n
         self.writes = writes
         self.buckets, self.wide, self._indexed = {}, [], 0
