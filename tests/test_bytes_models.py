@@ -335,6 +335,7 @@ def test_copy_gather_of_sparse_extents_takes_the_touched_blocks_path(monkeypatch
         src = CompactBuffer(1000, table, ORIGINS[0], 0)
         for d in range(0, 1000, 10):
             src.fill([d], [5], ORIGINS[1 + d % 3], [d])
+        src.segment_count()                     # the queued writes made (write-behind), before counting
         real = CompactBuffer._span
         monkeypatch.setattr(CompactBuffer, "_span", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
         ext = src._gather(np.array([3, 997 - 20], np.int64), np.array([4, 20], np.int64))

@@ -675,6 +675,66 @@ def _few_valid_extents(dst, lengths, soff, nbytes: int) -> bool | None:
     return all(D[i] + L[i] <= D[i + 1] for i in range(n - 1))
 
 
+#: a buffer makes its queued writes (write-behind, ``CompactBuffer.write_behind``) without
+#: waiting for a look once this many pieces, or this many writes, are queued
+WRITE_BEHIND_PIECES = 1 << 18
+WRITE_BEHIND_WRITES = 512
+
+#: the attributes holding a buffer's segments (absent while writes are queued)
+_STATE = ("_bs", "_bo", "_bf", "_first", "_count")
+
+
+class _Behind:
+    """Writes a buffer has queued and not made (write-behind): each of ``writes`` is the
+    arguments of one ``_write_now`` (pieces in priority order), made over the contents
+    ``base`` (a state: the ``_STATE`` values) or, with no base, over those of ``parent``
+    once its own writes are made.  A link a clone holds is ``shared``: the buffer queues its
+    next write on a new link, so the clone's contents stay those of its moment.  ``state``:
+    the contents once made, kept for every holder of the link (then the rest is dropped).
+    ``pieces`` and ``count`` count the pieces and writes queued along the chain."""
+
+    __slots__ = ("base", "parent", "writes", "pieces", "count", "shared", "state")
+
+    def __init__(self, base, parent):
+        self.base, self.parent = base, parent
+        self.writes: list = []
+        self.pieces = parent.pieces if parent is not None else 0
+        self.count = parent.count if parent is not None else 0
+        self.shared = False
+        self.state = None
+
+    def add(self, ns, ne, noid, nsoff, ordered: bool) -> None:
+        self.writes.append((ns, ne, noid, nsoff, ordered))
+        self.pieces += len(ns)
+        self.count += 1
+
+    def resolve(self, nbytes: int, table) -> tuple:
+        """The contents after every write of the chain up to this link, made here in one
+        window write (later pieces win where pieces overlap, as one write after another)."""
+        if self.state is None:
+            links, b = [], self
+            while True:
+                links.append(b)
+                if b.base is not None:
+                    start = b.base
+                    break
+                b = b.parent
+                if b.state is not None:
+                    start = b.state
+                    break
+            writes = [w for link in reversed(links) for w in link.writes]
+            buf = CompactBuffer.__new__(CompactBuffer)
+            buf.nbytes, buf.table = nbytes, table
+            buf._adopt(start)
+            if len(writes) == 1:
+                buf._write_now(*writes[0])
+            else:
+                buf._write_now(*(np.concatenate(col) for col in list(zip(*writes))[:4]))
+            self.state = tuple(buf.__dict__[k] for k in _STATE)
+            self.base = self.parent = self.writes = None
+        return self.state
+
+
 class CompactBuffer:
     """A buffer of ``nbytes`` bytes whose contents are kept as provenance.
 
@@ -687,6 +747,13 @@ class CompactBuffer:
     #: segments cost 12-15 % less CPU than 16,384 over a 30-45 s ``incident`` run, with the same
     #: results (1,024 and 2,048 measured the same as 4,096; BENCHMARKS.md, ninth session)
     block_segments = 1 << 12
+
+    #: NOTE: write-behind: a buffer of several blocks queues its writes (``_Behind``) and makes
+    #: them in one window write when its contents are next looked at.  A load-back's per-layer
+    #: copies into one device pool (a write each, over the blocks of one layer) and a batch's
+    #: store (a write over every block) are then made together: a window write's fixed cost and
+    #: its blocks' segments are paid once, not once per write.  False: every write at once.
+    write_behind = True
 
     def __init__(self, nbytes: int, table: OriginTable, origin: Origin, stream_offset: int = 0):
         nbytes, stream_offset = int(nbytes), int(stream_offset)
@@ -723,6 +790,24 @@ class CompactBuffer:
     #: ``small_runs()`` remembered by a buffer made with its runs at hand (a read's view);
     #: every write forgets it
     _runs = None
+
+    def __getattr__(self, name):
+        # NOTE: only called for attributes not set: the segments while writes are queued
+        # (write_behind), made now
+        if name in _STATE:
+            b = self.__dict__.get("_behind")
+            if b is not None:
+                self._adopt(b.resolve(self.nbytes, self.table))
+                return self.__dict__[name]
+        raise AttributeError(name)
+
+    def _adopt(self, state: tuple) -> None:
+        """Hold segments ``state`` (the ``_STATE`` values; the block lists are copied, the
+        arrays shared) and no queued writes."""
+        bs, bo, bf, first, count = state
+        d = self.__dict__
+        d.pop("_behind", None)
+        d["_bs"], d["_bo"], d["_bf"], d["_first"], d["_count"] = list(bs), list(bo), list(bf), first, count
 
     def _replace(self, k0: int, k1: int, st, oid, soff) -> None:
         """Replace blocks ``[k0, k1)`` by segments cut into even blocks."""
@@ -830,6 +915,12 @@ class CompactBuffer:
         replaces the arrays of the blocks it spans), the lists holding them are not."""
         out = CompactBuffer.__new__(CompactBuffer)
         out.nbytes, out.table = self.nbytes, self.table
+        b = self.__dict__.get("_behind")
+        if b is not None:
+            # queued writes stay queued: the clone holds the same link (made once for both)
+            b.shared = True
+            out._behind = b
+            return out
         out._bs, out._bo, out._bf = list(self._bs), list(self._bo), list(self._bf)
         out._first = self._first
         out._count = self._count
@@ -1226,7 +1317,24 @@ class CompactBuffer:
 
     def _write(self, ns, ne, noid, nsoff, ordered: bool = False) -> None:
         """Write new pieces (in priority order; non-empty, in bounds; ``ordered``: known to
-        be sorted and disjoint)."""
+        be sorted and disjoint): queued on a buffer of several blocks (``write_behind``),
+        else made at once."""
+        d = self.__dict__
+        b = d.get("_behind")
+        if b is None:
+            if not (self.write_behind and "_first" in d and len(d["_first"]) > 1):
+                self._write_now(ns, ne, noid, nsoff, ordered)
+                return
+            b = d["_behind"] = _Behind(tuple(d.pop(k) for k in _STATE), None)
+        elif b.shared:
+            b = d["_behind"] = _Behind(None, b)
+        b.add(ns, ne, noid, nsoff, ordered)
+        self._runs = None
+        if b.pieces >= WRITE_BEHIND_PIECES or b.count >= WRITE_BEHIND_WRITES:
+            self._adopt(b.resolve(self.nbytes, self.table))
+
+    def _write_now(self, ns, ne, noid, nsoff, ordered: bool = False) -> None:
+        """``_write``, made at once."""
         if not ordered:
             order = disjoint_in_order(ns, ne)
             if order is None:
@@ -1286,7 +1394,7 @@ class _SmallView(CompactBuffer):
     def __getattr__(self, name):
         # only called for attributes not set: the block arrays before they are built
         if name not in _SmallView._LAZY or "_pending" not in self.__dict__:
-            raise AttributeError(name)
+            return super().__getattr__(name)
         starts, oids, soffs = self.__dict__.pop("_pending")
         st = np.array(starts, _I64)
         self._bs, self._bo, self._bf = [st], [np.array(oids, _I64)], [np.array(soffs, _I64)]
