@@ -162,3 +162,37 @@ def test_small_buffers_write_at_once():
     b = CompactBuffer(SIZE, t, ORIGINS[0])
     b.fill(np.array([0, 64], np.int64), np.array([16, 16], np.int64), ORIGINS[1], np.array([0, 16], np.int64))
     assert "_behind" not in b.__dict__ and b.segment_count() == 4
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_pieces_far_apart_are_written_run_by_run_with_the_same_segments(seed, monkeypatch):
+    """A write whose pieces leave blocks untouched between them is made as one window per
+    run of touched blocks: the segments (and the joints between runs, coalesced) are those of
+    one window over the whole span."""
+    monkeypatch.setattr(CompactBuffer, "block_segments", 4)
+    got, runs = {}, []
+    real = CompactBuffer._write_run
+    monkeypatch.setattr(CompactBuffer, "_write_run", lambda self, *a: (runs.append(len(a[0])), real(self, *a))[1])
+    for gap in (1, 1 << 30):
+        monkeypatch.setattr(compact, "WRITE_GAP_BLOCKS", gap)
+        rng = np.random.default_rng(seed + 1000)
+        t = OriginTable()
+        b = CompactBuffer(SIZE, t, ORIGINS[0])
+        d, n, s = _extents(np.random.default_rng(seed), 120)
+        b.fill(d, n, ORIGINS[1], s)
+        b.segments()
+        runs.clear()
+        for _ in range(6):
+            d, n, s = _extents(rng, int(rng.integers(2, 12)))
+            o = ORIGINS[int(rng.integers(0, 4))]
+            if rng.random() < 0.3:                      # a write that continues what is there
+                s = d + n - n
+                o = ORIGINS[1]
+            b.fill(d, n, o, s)
+            check_coalesced(b)
+        got[gap] = (b.segments(), len(runs))
+    (split, n_split), (whole, n_whole) = got[1], got[1 << 30]
+    assert _same(split, whole)
+    assert n_whole == 6 and n_split >= 6
+    if seed == 0:
+        assert n_split > 6                              # the case is exercised

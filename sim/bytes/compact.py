@@ -680,6 +680,10 @@ def _few_valid_extents(dst, lengths, soff, nbytes: int) -> bool | None:
 WRITE_BEHIND_PIECES = 1 << 18
 WRITE_BEHIND_WRITES = 512
 
+#: a write whose pieces leave more than this many blocks untouched between them writes the
+#: blocks on each side in separate windows (``CompactBuffer._write_now``)
+WRITE_GAP_BLOCKS = 1
+
 #: the attributes holding a buffer's segments (absent while writes are queued)
 _STATE = ("_bs", "_bo", "_bf", "_first", "_count")
 
@@ -1342,6 +1346,22 @@ class CompactBuffer:
                 ns, ne, noid, nsoff = ps, pe, noid[owner], nsoff[owner] + (ps - ns[owner])
             elif not (order[1:] > order[:-1]).all():
                 ns, ne, noid, nsoff = ns[order], ne[order], noid[order], nsoff[order]
+        first = self._first
+        if len(ns) > 1 and len(first) > WRITE_GAP_BLOCKS + 2:
+            # NOTE: pieces far apart (a backup's pages spread over a host pool) are written run
+            # by run of the blocks they touch: one window over every block between them costs
+            # each untouched block's segments, a window more costs its fixed part only
+            kb0 = first.searchsorted(ns, "right") - 1
+            kb1 = first.searchsorted(ne, "left") - 1          # the block of a piece's last byte
+            cuts = (np.flatnonzero(kb0[1:] - kb1[:-1] > WRITE_GAP_BLOCKS) + 1).tolist()
+            if cuts:
+                for a, b in zip([0, *cuts], [*cuts, len(ns)]):
+                    self._write_run(ns[a:b], ne[a:b], noid[a:b], nsoff[a:b])
+                return
+        self._write_run(ns, ne, noid, nsoff)
+
+    def _write_run(self, ns, ne, noid, nsoff) -> None:
+        """Write sorted, disjoint, non-empty pieces over the blocks they span."""
         # NOTE: first over the blocks the pieces span alone, then, only where the result's first
         # or last segment continues the neighbour block's (the buffer keeps its segments
         # coalesced across blocks), again with one more block each side.  The window_write of
