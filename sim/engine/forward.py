@@ -136,16 +136,17 @@ def coalesce(offsets: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.n
     n = np.asarray(lengths, np.int64).ravel()
     if o.size == 0:
         return o, n
-    order = np.argsort(o, kind="stable")
-    o, e = o[order], o[order] + n[order]
+    if o.size > 1 and not (o[1:] >= o[:-1]).all():
+        order = np.argsort(o, kind="stable")
+        o, n = o[order], n[order]
+    e = o + n
     run_end = np.maximum.accumulate(e)
     new = np.ones(o.size, bool)
     new[1:] = o[1:] > run_end[:-1]
-    starts = o[new]
-    group = np.cumsum(new) - 1
-    ends = np.zeros(starts.size, np.int64)
-    np.maximum.at(ends, group, e)
-    return starts, ends - starts
+    first = np.flatnonzero(new)
+    # a run's end is the running maximum at its last extent (the one before the next run's first)
+    last = np.append(first[1:] - 1, o.size - 1)
+    return o[first], run_end[last] - o[first]
 
 
 def read_ranges(layout: PagedLayout, pool_layer: int, entries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
