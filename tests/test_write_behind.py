@@ -196,3 +196,27 @@ def test_pieces_far_apart_are_written_run_by_run_with_the_same_segments(seed, mo
     assert n_whole == 6 and n_split >= 6
     if seed == 0:
         assert n_split > 6                              # the case is exercised
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_locate_names_the_segment_of_each_offset_as_pieces_does(seed, monkeypatch):
+    """``locate``: for each offset, the origin id and delta of the piece holding it in
+    ``pieces()`` of the whole buffer, and rows equal exactly when pieces are; with queued
+    writes, one block and many."""
+    rng = np.random.default_rng(seed)
+    monkeypatch.setattr(CompactBuffer, "block_segments", int(rng.choice([4, 1 << 12])))
+    t = OriginTable()
+    b = CompactBuffer(SIZE, t, ORIGINS[0])
+    for _ in range(3):
+        d, n, s = _extents(rng, 40)
+        b.fill(d, n, ORIGINS[int(rng.integers(1, 4))], s)
+    x = rng.integers(0, SIZE, 200).astype(np.int64)
+    row, oid, delta = b.locate(x)
+    p = b.pieces(0, SIZE)
+    k = np.searchsorted(p.start, x, side="right") - 1
+    assert oid.tolist() == p.origin_id[k].tolist()
+    assert delta.tolist() == (p.stream_offset[k] - p.start[k]).tolist()
+    assert ((row[:, None] == row[None, :]) == (k[:, None] == k[None, :])).all()
+    assert row.max() < b.segment_count()
+    with pytest.raises(compact.InputError, match="offsets"):
+        b.locate(np.array([SIZE], np.int64))

@@ -1013,6 +1013,32 @@ class CompactBuffer:
         _, _, st, oid, soff, _ = self._span(offset, offset + nbytes)
         return _window_pieces(st, oid, soff, offset, offset + nbytes)
 
+    def locate(self, offsets) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For byte offsets (int64, each in ``[0, nbytes)``): the row of the segment holding
+        each (numbered from 0 in buffer order: two offsets lie in one segment exactly when
+        their rows are equal; rows are below ``segment_count()``), its origin id and
+        ``delta`` (a byte ``x`` of that segment has stream offset ``x + delta``).  Searches
+        the blocks the offsets fall in, without building the pieces between them."""
+        x = np.asarray(offsets, _I64)
+        row, oid, delta = np.empty(x.size, _I64), np.empty(x.size, _I64), np.empty(x.size, _I64)
+        if not x.size:
+            return row, oid, delta
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or hi >= self.nbytes:
+            raise InputError("offsets", f"expected byte offsets in [0, {self.nbytes}), got {lo}..{hi}")
+        bs, bo, bf, first = self._bs, self._bo, self._bf, self._first
+        if len(bs) == 1:
+            i = bs[0].searchsorted(x, "right") - 1
+            return i, bo[0][i], bf[0][i] - bs[0][i]
+        kb = first.searchsorted(x, "right") - 1
+        base = np.cumsum([0] + [len(b) for b in bs[:-1]])
+        for k in unique_sorted(kb).tolist():
+            m = np.flatnonzero(kb == k)
+            st = bs[k]
+            i = st.searchsorted(x[m], "right") - 1
+            row[m], oid[m], delta[m] = base[k] + i, bo[k][i], bf[k][i] - st[i]
+        return row, oid, delta
+
     def slice(self, offset: int, nbytes: int) -> "CompactBuffer":
         """An independent buffer of ``nbytes`` holding this buffer's range."""
         offset, nbytes = int(offset), int(nbytes)

@@ -111,14 +111,14 @@ def _pieces_at(contents, lo: np.ndarray, hi, layers):
 
 
 def _pieces_one(buf, lo: np.ndarray, hi):
-    """:func:`_pieces_at` over one ``CompactBuffer``, and the number of pieces looked up."""
-    a = int(lo.min())
-    top = int(lo.max() if hi is None else hi.max())
-    p = buf.pieces(a, top + 1 - a)
-    p_start = np.asarray(p.start)
-    k = np.searchsorted(p_start, lo, side="right") - 1
-    k_hi = None if hi is None else np.searchsorted(p_start, hi, side="right") - 1
-    return np.asarray(p.origin_id)[k], np.asarray(p.stream_offset)[k] - p_start[k], k, k_hi, p_start.size
+    """:func:`_pieces_at` over one ``CompactBuffer`` (its segment rows as the piece numbers:
+    ``CompactBuffer.locate``), and a bound on those numbers."""
+    if hi is None:
+        row, oid, delta = buf.locate(lo)
+        return oid, delta, row, None, buf.segment_count()
+    n = lo.size
+    row, oid, delta = buf.locate(np.concatenate([lo, hi]))
+    return oid[:n], delta[:n], row[:n], row[n:], buf.segment_count()
 
 
 class ContentKeys:
