@@ -157,6 +157,36 @@ def test_a_buffer_makes_its_writes_once_the_queue_is_long(monkeypatch):
         assert ("_behind" in dev.__dict__) == (layer < 3), layer
 
 
+@pytest.mark.parametrize("how", ["few", "many", "groups"])
+def test_a_queued_write_does_not_see_the_callers_arrays_change(how, monkeypatch):
+    """A fill's offset arrays are the caller's: written again after the call (a reused
+    scratch array), the queued write still makes the extents it was given."""
+    monkeypatch.setattr(CompactBuffer, "block_segments", 8)
+
+    def contents(behind):
+        monkeypatch.setattr(CompactBuffer, "write_behind", behind)
+        b = CompactBuffer(SIZE, OriginTable(), ORIGINS[0])
+        b.fill(np.arange(0, 480, 8, dtype=np.int64) * UNIT, np.full(60, UNIT, np.int64), ORIGINS[1],
+               np.arange(60, dtype=np.int64) * UNIT)
+        b.segments()
+        k = 3 if how == "few" else 20
+        offs = (np.arange(k, dtype=np.int64) * 4 + 1) * UNIT
+        lens, so = np.full(k, UNIT, np.int64), np.zeros(k, np.int64)
+        if how == "groups":
+            b.fill_groups(offs, lens, [ORIGINS[2], ORIGINS[3]], so)
+        else:
+            b.fill(offs, lens, ORIGINS[2], so)
+        queued = "_behind" in b.__dict__
+        offs += 2 * UNIT
+        so += 7
+        lens[:] = 2 * UNIT
+        return queued, [x.tolist() for x in b.segments()]
+
+    queued, got = contents(True)
+    assert queued
+    assert got == contents(False)[1]
+
+
 def test_small_buffers_write_at_once():
     t = OriginTable()
     b = CompactBuffer(SIZE, t, ORIGINS[0])

@@ -1187,13 +1187,13 @@ class CompactBuffer:
             # NOTE: what extents() would return (nothing dropped, nothing out of bounds),
             # checked in plain Python: its dozen numpy calls cost more than a few extents' work
             self._write(dst_offsets, dst_offsets + lengths, np.full(len(lengths), self.table.intern(origin), _I64),
-                        stream_offsets, ordered=few)
+                        stream_offsets, ordered=few, owned=False)
             return
         lens, dst, soff = extents("fill", lengths, ("dst_offsets", dst_offsets, self.nbytes),
                                   ("stream_offsets", stream_offsets, np.iinfo(_I64).max))
         oid = self.table.intern(origin)
         if len(lens):
-            self._write(dst, dst + lens, np.full(len(lens), oid, dtype=_I64), soff)
+            self._write(dst, dst + lens, np.full(len(lens), oid, dtype=_I64), soff, owned=False)
 
     def fill_groups(self, dst_offsets, lengths, origins, stream_offsets) -> None:
         """:meth:`fill` of several origins in one write: the extents are ``len(origins)`` equal
@@ -1210,7 +1210,7 @@ class CompactBuffer:
         lens, dst, soff, oid = extents("fill", lengths, ("dst_offsets", dst_offsets, self.nbytes),
                                        ("stream_offsets", stream_offsets, _I64_MAX), ("origins", oids, _I64_MAX))
         if len(lens):
-            self._write(dst, dst + lens, oid, soff)
+            self._write(dst, dst + lens, oid, soff, owned=False)
 
     def copy_from(self, src: "CompactBuffer", src_offsets, dst_offsets, lengths) -> None:
         """Copy extents of ``src`` into this buffer: all source bytes are read
@@ -1345,10 +1345,11 @@ class CompactBuffer:
             self._runs = None
         return True
 
-    def _write(self, ns, ne, noid, nsoff, ordered: bool = False) -> None:
+    def _write(self, ns, ne, noid, nsoff, ordered: bool = False, owned: bool = True) -> None:
         """Write new pieces (in priority order; non-empty, in bounds; ``ordered``: known to
         be sorted and disjoint): queued on a buffer of several blocks (``write_behind``),
-        else made at once."""
+        else made at once.  ``owned=False``: the arrays may be the caller's (a fill's offsets),
+        who may write them after the call: a queued write holds copies."""
         d = self.__dict__
         b = d.get("_behind")
         if b is None:
@@ -1358,6 +1359,8 @@ class CompactBuffer:
             b = d["_behind"] = _Behind(tuple(d.pop(k) for k in _STATE), None)
         elif b.shared:
             b = d["_behind"] = _Behind(None, b)
+        if not owned:
+            ns, ne, noid, nsoff = (np.array(a, _I64) for a in (ns, ne, noid, nsoff))
         b.add(ns, ne, noid, nsoff, ordered)
         self._runs = None
         if b.pieces >= WRITE_BEHIND_PIECES or b.count >= WRITE_BEHIND_WRITES:
