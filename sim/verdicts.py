@@ -59,12 +59,7 @@ INTRA_RANGES, INTRA_DESCRIBED_RANGES, INTRA_WRITERS = 8, 4, 8
 def _describe(buf, offset: int, nbytes: int, base: int = 0, max_items=MAX_DESCRIBE) -> list[dict]:
     """describe() with offsets and text in absolute buffer offsets (``base`` is
     the buffer offset of ``buf``'s byte 0: a view's offset, or 0)."""
-    items = describe(buf, offset, nbytes, max_items=max_items)
-    for it in items:
-        it["offset"] += base
-        head, rest = it["text"].split(": ", 1)
-        it["text"] = f"bytes {it['offset']}-{it['offset'] + it['nbytes'] - 1}: {rest}"
-    return items
+    return describe(buf, offset, nbytes, max_items=max_items, base=base)
 
 
 def _describe_view(view, rel_off: int, nbytes: int, max_items=MAX_DESCRIBE) -> list[dict]:

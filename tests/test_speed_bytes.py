@@ -111,6 +111,47 @@ def test_a_small_view_is_the_buffer_its_segments_make(fills, off, n, then):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 31), st.integers(1, 40), st.integers(0, 2), st.integers(0, 99)),
+                max_size=12), st.integers(0, 511), st.integers(1, 200), st.data())
+def test_a_small_views_pieces_from_its_lists_equal_those_of_its_arrays(fills, off, n, data):
+    """``_SmallView._pieces_small`` answers from the segment lists while the arrays are not
+    built (``describe`` of a read's view builds none): the same as once they are built."""
+    from sim.bytes.compact import _SmallView
+    t = OriginTable()
+    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
+    for d, ln, o, so in fills:
+        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    n = min(n, 32 * UNIT - off)
+    view, built = buf.slice(off, n), buf.slice(off, n)
+    built.segments()
+    for _ in range(4):
+        lo = data.draw(st.integers(0, n - 1))
+        hi = data.draw(st.integers(lo + 1, n))
+        assert view._pieces_small(lo, hi) == built._pieces_small(lo, hi)
+    assert not isinstance(view, _SmallView) or "_pending" in view.__dict__     # nothing built
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 31), st.integers(1, 40), st.integers(0, 2), st.integers(0, 99)),
+                max_size=14), st.integers(0, 511), st.integers(1, 200), st.integers(1, 6), st.integers(0, 1 << 20))
+def test_describe_of_a_part_numbers_bytes_from_the_larger_buffer(fills, off, n, max_items, base):
+    """``describe(..., base=b)``: the items of ``describe`` with offsets and the text's byte
+    ranges moved by ``b`` (a read's view at byte ``b`` of its buffer)."""
+    from sim.bytes.describe import describe
+    t = OriginTable()
+    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
+    for d, ln, o, so in fills:
+        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    n = min(n, 32 * UNIT - off)
+    plain = describe(buf, off, n, max_items)
+    for it in plain:
+        it["offset"] += base
+        head, rest = it["text"].split(": ", 1)
+        it["text"] = f"bytes {it['offset']}-{it['offset'] + it['nbytes'] - 1}: {rest}"
+    assert describe(buf, off, n, max_items, base=base) == plain
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 31), st.integers(1, 40), st.integers(0, 2), st.integers(0, 99)),
                 max_size=14), st.integers(0, 511), st.integers(0, 200), st.integers(1, 6))
 def test_describe_of_a_few_segments_equals_describe_of_pieces(fills, off, n, max_items):
     """``describe`` reads a small range as lists (``_pieces_small``); the same as from

@@ -26,6 +26,7 @@ gather/scatter of byte extents.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import struct
@@ -1449,3 +1450,25 @@ class _SmallView(CompactBuffer):
         self._bs, self._bo, self._bf = [st], [np.array(oids, _I64)], [np.array(soffs, _I64)]
         self._first = st[:1].copy()
         return self.__dict__[name]
+
+    def _pieces_small(self, lo: int, hi: int):
+        """``CompactBuffer._pieces_small`` from the segment lists while the arrays are not
+        built (a read's view that is described: ``describe``), else from the arrays."""
+        pending = self.__dict__.get("_pending")
+        if pending is None:
+            return super()._pieces_small(lo, hi)
+        st, oid, so = pending
+        i0 = bisect.bisect_right(st, lo) - 1
+        n = len(st)
+        if i0 + 1 == n or st[i0 + 1] >= hi:
+            s0 = st[i0]
+            a = lo if lo > s0 else s0
+            return [a], [hi], [oid[i0]], [so[i0] + a - s0]
+        i1 = bisect.bisect_left(st, hi)
+        if i1 - i0 > 8:
+            return None
+        starts = st[i0:i1]
+        nxt = starts[1:] + [st[i1] if i1 < n else self.nbytes]
+        ps = [max(x, lo) for x in starts]
+        pe = [min(e, hi) for e in nxt]
+        return ps, pe, oid[i0:i1], [f + (a - x) for f, a, x in zip(so[i0:i1], ps, starts)]

@@ -26,7 +26,8 @@ def _small_pieces(buf: CompactBuffer, offset: int, nbytes):
     return None
 
 
-def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) -> list[dict]:
+def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64,
+             base: int | None = None) -> list[dict]:
     """One dict per run of consecutive units of one origin in ``[offset, +nbytes)``.
 
     Keys: ``offset`` (absolute, in the buffer), ``nbytes``, ``origin``
@@ -36,10 +37,16 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) 
     and relative to ``offset`` (the range described).  When there are more than
     ``max_items`` runs, the first ``max_items - 1`` are listed and the last dict
     summarises the rest: ``origin`` and the unit keys are None, ``more_runs``
-    counts the runs it stands for.
+    counts the runs it stands for.  ``base``: ``buf`` is a part of a larger buffer
+    starting at byte ``base`` of it (a read's view); ``offset`` and the text's byte
+    ranges are then in that buffer's bytes (absolute plus ``base``).
     """
     max_items = max(1, int(max_items))
-    small = _small_pieces(buf, int(offset), nbytes)
+    offset = int(offset)
+    # the text numbers bytes from ``offset`` (relative) or from the larger buffer's byte 0
+    at = offset if base is None else -int(base)
+    shift = 0 if base is None else int(base)
+    small = _small_pieces(buf, offset, nbytes)
     if small is not None:
         p_start, p_length, p_oid, p_soff = small
         n = len(p_start)
@@ -59,26 +66,25 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64) 
         ub = o.unit_bytes
         u0, u1 = s // ub, (s + length - 1) // ub
         b0, b1 = s - u0 * ub, s + length - u1 * ub
-        rel = start - int(offset)
+        rel = start - at
         head = f"bytes {rel}-{rel + length - 1}: {o.kind} layer {o.layer} {_owner(o.owner)}"
         if u0 == u1:
             text = f"{head} unit {u0} v{o.version} (unit bytes {b0}-{b1 - 1})"
         else:
             text = (f"{head} units {u0}-{u1} v{o.version} "
                     f"(from byte {b0} of unit {u0} to byte {b1 - 1} of unit {u1})")
-        items.append({"offset": start, "nbytes": length, "origin": o.to_json(),
+        items.append({"offset": start + shift, "nbytes": length, "origin": o.to_json(),
                       "first_unit": u0, "last_unit": u1, "unit_byte_start": b0,
                       "unit_byte_end": b1, "text": text})
     if shown < n:
         start = p_start[shown]
-        end = int(offset) + int(nbytes)
+        end = offset + int(nbytes)
         rest = n - shown
         origins = len(set(rest_oids[shown:] if small is not None else rest_oids[shown:].tolist()))
-        rel = start - int(offset)
-        items.append({"offset": start, "nbytes": end - start, "origin": None,
+        items.append({"offset": start + shift, "nbytes": end - start, "origin": None,
                       "first_unit": None, "last_unit": None, "unit_byte_start": None,
                       "unit_byte_end": None, "more_runs": rest,
-                      "text": f"bytes {rel}-{end - int(offset) - 1}: {rest} more runs "
+                      "text": f"bytes {start - at}-{end - at - 1}: {rest} more runs "
                               f"from {origins} origins"})
     return items
 
