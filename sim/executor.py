@@ -364,6 +364,15 @@ TIE_ORDER_LIMIT = 1000
 WHERE_PRUNE = 4096
 
 
+
+def _shift_fits(plan, src_nbytes: int, dst_nbytes: int) -> bool:
+    """Whether a layer-shifted plan's extents (its base's moved by ``plan.shift``) end inside
+    buffers of ``src_nbytes`` and ``dst_nbytes``."""
+    src_end, dst_end = plan.base.extents.ends
+    ds, dd = plan.shift
+    return src_end + ds <= src_nbytes and dst_end + dd <= dst_nbytes
+
+
 class Executor:
     """One run: streams, links and memory, fed by host programs (see module doc).
 
@@ -573,25 +582,34 @@ class Executor:
     def _memo(self, plan, what: tuple, make):
         """``make()``, remembered per plan object and ``what`` (what it derives from the
         plan: clipping to buffer sizes, item times on a link).  The memo holds the plan,
-        so its ``id`` is not reused while the entry lives."""
+        so its ``id`` is not reused while the entry lives.
+
+        NOTE: a layer-shifted plan's value derived from its base's (``_shifted``) is returned,
+        not kept: each such plan is one copy's (a load-back's layer), looked up by its copy's
+        issue and its verdicts only, and keeping them filled the memo to its clear, taking the
+        bases with it (a static schedule clips every copy at time 0, its verdicts much later)."""
+        if getattr(plan, "base", None) is not None:
+            value = self._shifted(plan, what)
+            if value is not None:
+                return value
         key = (id(plan),) + what
         got = self._plan_memo.get(key)
         if got is None:
             if len(self._plan_memo) >= self.PLAN_MEMO_SIZE:
                 self._plan_memo.clear()
-            value = self._shifted(plan, what) if getattr(plan, "base", None) is not None else None
-            got = self._plan_memo[key] = (plan, make() if value is None else value)
+            got = self._plan_memo[key] = (plan, make())
         return got[1]
 
     def _shifted(self, plan, what: tuple):
         """The memo's ``what`` of a layer-shifted plan (``CopyPlan.base``, ``shift``) from its
         base's, when the memo holds the base's and it derives (else None: made afresh).
 
-        Item times derive from the lengths, items and launch, which are the base's own.  Byte
-        accesses are the base's shifted when neither plan has an extent leaving a buffer (then
-        no extent is clipped, and merging intervals commutes with a shift).  So is the
-        clipping: an extent that leaves neither buffer is copied whole, so its clipped lengths
-        are its length, the base's arrays; the plan's offsets are its own extents'."""
+        Item times derive from the lengths, items and launch, which are the base's own.  The
+        clipping and the byte accesses derive when neither plan has an extent leaving a buffer:
+        the base's clipping left its extents whole and this layer's extents, moved by the
+        shift, stay inside both buffers.  Then no extent is clipped, so the clipped lengths are
+        the base's arrays and the offsets the plan's own extents', and merging intervals
+        commutes with a shift."""
         memo, base = self._plan_memo, plan.base
         got = memo.get((id(base),) + what)
         if got is None or got[0] is not base:
@@ -600,19 +618,13 @@ class Executor:
             return got[1]
         if what[0] == "clip":
             c, leaves = got[1]
-            if leaves:
+            if leaves or not _shift_fits(plan, what[1], what[2]):
                 return None
-            src_end, dst_end = base.extents.ends       # the base's clipping left them whole
-            ds, dd = plan.shift
-            if src_end + ds > what[1] or dst_end + dd > what[2]:
-                return None                        # this layer's extents leave a buffer
             e = plan.extents
             return Clipped(e.src, e.dst, c.length, c.item, c.copy_len, c.fill_start, c.fill_end, what[1]), False
         if what[0] == "accesses":
-            clip = ("clip",) + what[1:]
-            mine, theirs = memo.get((id(plan),) + clip), memo.get((id(base),) + clip)
-            if mine is None or theirs is None or mine[0] is not plan or theirs[0] is not base \
-                    or mine[1][1] or theirs[1][1]:
+            clip = memo.get((id(base), "clip") + what[1:])
+            if clip is None or clip[0] is not base or clip[1][1] or not _shift_fits(plan, what[1], what[2]):
                 return None
             ds, dd = plan.shift
             rs, re_, ws, we = got[1]

@@ -114,7 +114,7 @@ def test_an_engine_run_with_derived_memo_values_equals_one_without(monkeypatch):
             assert all(np.array_equal(getattr(c, f), getattr(w, f)) for f in _CLIP_FIELDS)
             return got
         else:
-            c = self._plan_memo[(id(plan), "clip", *what[1:])][1][0]
+            c = clip_and_leaves(plan, *what[1:])[0]
             want = (*_merge(c.src, np.minimum(c.length, c.fill_start)), *_merge(c.dst, c.fill_end))
         assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
         return got
@@ -170,3 +170,23 @@ def test_shifted_clips_equal_fresh_clips(seed, monkeypatch):
                     assert np.array_equal(getattr(got, f), getattr(want, f)), f
                 assert got.src_nbytes == want.src_nbytes
     assert derived >= 8
+
+
+def test_the_memo_keeps_the_base_plans_values_only(monkeypatch):
+    """What ``_memo`` derives for a layer-shifted plan is returned, not kept: a static schedule
+    clips every copy at issue, so keeping one entry per copy filled the memo to its clear (the
+    bases with it) before the verdicts asked again.  A shifted plan whose extents leave a
+    buffer is made afresh and kept."""
+    from sim.memory import clip_and_leaves
+    monkeypatch.setattr(routines, "_layer_families", {})
+    dev, hosts = _layouts()
+    e = _bare_executor()
+    args = {"src_indices": [3, 7, 9], "dst_indices": [1, 2, 5]}
+    plans = [plan("kernel_per_layer", hosts[1], dev, {"layer": L, **args}) for L in range(5)]
+    for p in plans:
+        e._memo(p, ("clip", hosts[1].nbytes, dev.nbytes), lambda p=p: clip_and_leaves(p, hosts[1].nbytes, dev.nbytes))
+    assert [v[0] for v in e._plan_memo.values()] == [plans[0]]
+    short = dev.nbytes - dev.layer_stride          # the last layer's extents leave the device buffer
+    for p in plans:
+        e._memo(p, ("clip", hosts[1].nbytes, short), lambda p=p: clip_and_leaves(p, hosts[1].nbytes, short))
+    assert [v[0] for k, v in e._plan_memo.items() if k[3] == short] == [plans[0], plans[4]]
