@@ -364,7 +364,6 @@ TIE_ORDER_LIMIT = 1000
 WHERE_PRUNE = 4096
 
 
-
 def _shift_fits(plan, src_nbytes: int, dst_nbytes: int) -> bool:
     """Whether a layer-shifted plan's extents (its base's moved by ``plan.shift``) end inside
     buffers of ``src_nbytes`` and ``dst_nbytes``."""

@@ -77,6 +77,14 @@ def test_a_page_over_a_page_keeps_the_row_count_and_shares_no_array():
                                             + pattern_bytes(ORIGINS[0], 3 * UNIT, 5 * UNIT).tobytes())
 
 
+def _filled(table, fills) -> CompactBuffer:
+    """A 32-unit buffer with ``fills`` ``(unit, bytes, origin index, stream offset)`` written in order."""
+    buf = CompactBuffer(32 * UNIT, table, ORIGINS[0])
+    for d, ln, o, so in fills:
+        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    return buf
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 31), st.integers(1, 40), st.integers(0, 2), st.integers(0, 99)),
                 max_size=12), st.integers(0, 511), st.integers(1, 64), st.sampled_from(["read", "write", "pickle"]))
@@ -87,9 +95,7 @@ def test_a_small_view_is_the_buffer_its_segments_make(fills, off, n, then):
 
     from sim.bytes.compact import _SmallView
     t = OriginTable()
-    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
-    for d, ln, o, so in fills:
-        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    buf = _filled(t, fills)
     n = min(n, 32 * UNIT - off)
     view = buf.slice(off, n)
     p = buf.pieces(off, n)
@@ -117,9 +123,7 @@ def test_a_small_views_pieces_from_its_lists_equal_those_of_its_arrays(fills, of
     built (``describe`` of a read's view builds none): the same as once they are built."""
     from sim.bytes.compact import _SmallView
     t = OriginTable()
-    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
-    for d, ln, o, so in fills:
-        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    buf = _filled(t, fills)
     n = min(n, 32 * UNIT - off)
     view, built = buf.slice(off, n), buf.slice(off, n)
     built.segments()
@@ -138,9 +142,7 @@ def test_describe_of_a_part_numbers_bytes_from_the_larger_buffer(fills, off, n, 
     ranges moved by ``b`` (a read's view at byte ``b`` of its buffer)."""
     from sim.bytes.describe import describe
     t = OriginTable()
-    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
-    for d, ln, o, so in fills:
-        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    buf = _filled(t, fills)
     n = min(n, 32 * UNIT - off)
     plain = describe(buf, off, n, max_items)
     for it in plain:
@@ -158,9 +160,7 @@ def test_describe_of_a_few_segments_equals_describe_of_pieces(fills, off, n, max
     ``pieces()`` arrays, including the summary item past ``max_items``."""
     from sim.bytes.describe import describe
     t = OriginTable()
-    buf = CompactBuffer(32 * UNIT, t, ORIGINS[0])
-    for d, ln, o, so in fills:
-        buf.fill(d * UNIT, min(ln, 32 * UNIT - d * UNIT), ORIGINS[o], so)
+    buf = _filled(t, fills)
     n = min(n, 32 * UNIT - off)
     fast = describe(buf, off, n, max_items)
     mp = pytest.MonkeyPatch()

@@ -38,8 +38,8 @@ def describe(buf: CompactBuffer, offset: int, nbytes: int, max_items: int = 64,
     ``max_items`` runs, the first ``max_items - 1`` are listed and the last dict
     summarises the rest: ``origin`` and the unit keys are None, ``more_runs``
     counts the runs it stands for.  ``base``: ``buf`` is a part of a larger buffer
-    starting at byte ``base`` of it (a read's view); ``offset`` and the text's byte
-    ranges are then in that buffer's bytes (absolute plus ``base``).
+    starting at byte ``base`` of it (a read's view); the items' ``offset`` and the text's
+    byte ranges are then in that buffer's bytes (absolute in ``buf`` plus ``base``).
     """
     max_items = max(1, int(max_items))
     offset = int(offset)
