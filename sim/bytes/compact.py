@@ -740,6 +740,23 @@ class _Behind:
         return self.state
 
 
+#: ``_pieces_small`` answers for a range over at most this many segments (else None: the arrays)
+SMALL_PIECE_ROWS = 8
+
+
+def _row_pieces(lo: int, hi: int, starts: list, after: int, oids: list, soffs: list):
+    """The pieces of ``[lo, hi)`` over segment rows ``starts`` (lists, the first starting at or
+    before ``lo``, the last before ``hi``; the row after them starts at ``after``): starts,
+    stops, origin ids, stream offsets, as lists (``CompactBuffer._pieces_small``)."""
+    if len(starts) == 1:                       # inside one segment: no list to build
+        s0 = starts[0]
+        a = lo if lo > s0 else s0
+        return [a], [hi], oids, [soffs[0] + a - s0]
+    ps = [max(s, lo) for s in starts]
+    pe = [min(e, hi) for e in starts[1:] + [after]]
+    return ps, pe, oids, [f + (a - s) for f, a, s in zip(soffs, ps, starts)]
+
+
 class CompactBuffer:
     """A buffer of ``nbytes`` bytes whose contents are kept as provenance.
 
@@ -1266,18 +1283,12 @@ class CompactBuffer:
         n = len(st)
         if i0 + 1 == n or int(st[i0 + 1]) >= hi:
             # inside one segment (st[i0] <= lo < hi <= the next start): no second search
-            s0 = int(st[i0])
-            a = lo if lo > s0 else s0
-            return [a], [hi], [int(self._bo[k][i0])], [int(self._bf[k][i0]) + a - s0]
+            return _row_pieces(lo, hi, [int(st[i0])], hi, [int(self._bo[k][i0])], [int(self._bf[k][i0])])
         i1 = int(st.searchsorted(hi, "left"))
-        if i1 - i0 > 8:
+        if i1 - i0 > SMALL_PIECE_ROWS:
             return None
-        starts = st[i0:i1].tolist()
-        nxt = starts[1:] + [int(st[i1]) if i1 < len(st) else end]
-        ps = [max(s, lo) for s in starts]
-        pe = [min(e, hi) for e in nxt]
-        pf = [f + (a - s) for f, a, s in zip(self._bf[k][i0:i1].tolist(), ps, starts)]
-        return ps, pe, self._bo[k][i0:i1].tolist(), pf
+        return _row_pieces(lo, hi, st[i0:i1].tolist(), int(st[i1]) if i1 < n else end,
+                           self._bo[k][i0:i1].tolist(), self._bf[k][i0:i1].tolist())
 
     def _write_small(self, ns, ne, noid, nsoff) -> bool:
         """Write pieces (lists, sorted, each non-empty) that tile ``[ns[0], ne[-1])``
@@ -1349,8 +1360,9 @@ class CompactBuffer:
     def _write(self, ns, ne, noid, nsoff, ordered: bool = False, owned: bool = True) -> None:
         """Write new pieces (in priority order; non-empty, in bounds; ``ordered``: known to
         be sorted and disjoint): queued on a buffer of several blocks (``write_behind``),
-        else made at once.  ``owned=False``: the arrays may be the caller's (a fill's offsets),
-        who may write them after the call: a queued write holds copies."""
+        else made at once.  ``owned=False``: ``ns`` and ``nsoff`` may be the caller's (a fill's
+        offsets), who may write them after the call: a queued write holds copies of them (``ne``
+        and ``noid`` are always made by the caller's method)."""
         d = self.__dict__
         b = d.get("_behind")
         if b is None:
@@ -1361,7 +1373,7 @@ class CompactBuffer:
         elif b.shared:
             b = d["_behind"] = _Behind(None, b)
         if not owned:
-            ns, ne, noid, nsoff = (np.array(a, _I64) for a in (ns, ne, noid, nsoff))
+            ns, nsoff = np.array(ns, _I64), np.array(nsoff, _I64)
         b.add(ns, ne, noid, nsoff, ordered)
         self._runs = None
         if b.pieces >= WRITE_BEHIND_PIECES or b.count >= WRITE_BEHIND_WRITES:
@@ -1461,14 +1473,8 @@ class _SmallView(CompactBuffer):
         i0 = bisect.bisect_right(st, lo) - 1
         n = len(st)
         if i0 + 1 == n or st[i0 + 1] >= hi:
-            s0 = st[i0]
-            a = lo if lo > s0 else s0
-            return [a], [hi], [oid[i0]], [so[i0] + a - s0]
+            return _row_pieces(lo, hi, [st[i0]], hi, [oid[i0]], [so[i0]])
         i1 = bisect.bisect_left(st, hi)
-        if i1 - i0 > 8:
+        if i1 - i0 > SMALL_PIECE_ROWS:
             return None
-        starts = st[i0:i1]
-        nxt = starts[1:] + [st[i1] if i1 < n else self.nbytes]
-        ps = [max(x, lo) for x in starts]
-        pe = [min(e, hi) for e in nxt]
-        return ps, pe, oid[i0:i1], [f + (a - x) for f, a, x in zip(so[i0:i1], ps, starts)]
+        return _row_pieces(lo, hi, st[i0:i1], st[i1] if i1 < n else self.nbytes, oid[i0:i1], so[i0:i1])
