@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from sim.errors import InputError
+from sim.errors import InputError, KvraceError
 from sim.pools.allocator import (
-    PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, get_num_new_pages,
+    MissingIndicesError, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, get_num_new_pages,
 )
 
 
@@ -97,6 +97,25 @@ def test_paged_pages_from_one_and_alloc_floors_to_pages():
     # NOTE: 5 tokens = 1 page (SGLang asserts alignment only in debug mode)
     assert L(a.alloc(5)) == [12, 13, 14, 15]
     assert a.alloc(8) is None and L(a.free_pages) == [4]
+
+
+@pytest.mark.parametrize("make", [lambda: TokenToKVPoolAllocator(16), lambda: PagedTokenToKVPoolAllocator(16, 4)],
+                         ids=["token", "paged"])
+@pytest.mark.parametrize("grouped", [False, True])
+def test_free_of_none_fails_as_sglangs_does_and_changes_nothing(make, grouped):
+    """``free(None)`` (the tree evicting a node whose device value is gone: FINDINGS.md F3)
+    fails where SGLang's ``free_index.numel()`` does, with an AttributeError that is a
+    KvraceError naming the argument, in a free group too; nothing is freed."""
+    a = make()
+    a.alloc(8)
+    if grouped:
+        a.free_group_begin()
+    before = (L(a.free_pages), L(a.release_pages), list(a.free_group))
+    with pytest.raises(MissingIndicesError, match="free_index") as got:
+        a.free(None)
+    assert isinstance(got.value, AttributeError) and isinstance(got.value, KvraceError)
+    assert not isinstance(got.value, ValueError)
+    assert (L(a.free_pages), L(a.release_pages), list(a.free_group)) == before
 
 
 def test_paged_free_prepends_sorted_unique_pages():

@@ -5,7 +5,8 @@ from sim.pools.layouts import (  # noqa: F401
     layout_from_json, layout_to_json,
 )
 from sim.pools.allocator import (  # noqa: F401
-    BaseTokenToKVPoolAllocator, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, get_num_new_pages,
+    BaseTokenToKVPoolAllocator, MissingIndicesError, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator,
+    get_num_new_pages,
 )
 from sim.pools.device import (  # noqa: F401
     DeepSeekV4IndexerPool, DeepSeekV4SingleKVPool, DeepSeekV4TokenToKVPool, DSATokenToKVPool, KVCache,

@@ -33,12 +33,13 @@ from typing import Any
 import numpy as np
 
 from sim.arrays import unique_sorted
-from sim.errors import InputError, show
+from sim.errors import InputError, KvraceError, show
 
 __all__ = [
     "BaseTokenToKVPoolAllocator",
     "TokenToKVPoolAllocator",
     "PagedTokenToKVPoolAllocator",
+    "MissingIndicesError",
     "get_num_new_pages",
 ]
 
@@ -49,6 +50,25 @@ def _count(v: Any, where: str, minimum: int = 0) -> int:
     if not isinstance(v, numbers.Integral) or isinstance(v, bool) or v < minimum:
         raise InputError(where, f"expected an integer >= {minimum}, got {show(v)}")
     return int(v)
+
+
+class MissingIndicesError(KvraceError, AttributeError):
+    """``free(None)``: no indices where slot indices belong.  SGLang 0.5.14's allocators fail
+    at that call too (``free_index.numel()`` on None: an ``AttributeError``), before changing
+    anything; so does this one, with a message.
+
+    NOTE: an ``AttributeError`` too, so a caller catching what SGLang raises catches this.
+    The tree reaches it by evicting a node whose device value is already gone: F2's detached
+    node, back among the evictable leaves (``tests/differential/FINDINGS.md`` F3)."""
+
+
+def _free_indices(v: Any) -> np.ndarray:
+    """A ``free`` call's ``free_index`` as int64 slots (None: :class:`MissingIndicesError`)."""
+    if v is None:
+        raise MissingIndicesError("free_index: expected the slot indices to free, got None (a tree node whose "
+                                  "device value is gone, evicted again?); SGLang fails here too, with an "
+                                  "AttributeError")
+    return _ints(v, "free_index")
 
 
 def _ints(v: Any, where: str) -> np.ndarray:
@@ -189,7 +209,7 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return out
 
     def free(self, free_index) -> None:
-        idx = _ints(free_index, "free_index")
+        idx = _free_indices(free_index)
         if idx.size == 0:
             return
         if self.is_not_in_free_group:
@@ -241,7 +261,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         (sorted ascending) goes to the FRONT of ``free_pages`` (of
         ``release_pages`` with ``need_sort``).  Freeing one token of a page
         frees the whole page, as in SGLang."""
-        idx = _ints(free_index, "free_index")
+        idx = _free_indices(free_index)
         if idx.size == 0:
             return
         if self.is_not_in_free_group:

@@ -26,7 +26,8 @@ An observation is a dict of plain data:
   ``host_free``: ``free_slots`` in order, ``available_size``;
 * ``result``: the op's result (``SideDriver.apply``); ``moves``: the slots the op moved
   (device/host alloc/free in call order); ``copies``: the write and load copies it issued
-  (host and device indices), in issue order.
+  (host and device indices), in issue order (the device indices of tied host indices sorted:
+  :func:`_ties_sorted`).
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def observe(side, result=None, moves=None) -> dict:
         # after bookkeeping the same call does later in Python; within one call nothing else
         # touches those slots, so only each list's own order is compared (FINDINGS.md, F1)
         "moves": [m for m in moves if not m[0].endswith("_copy")],
-        "copies": [m for m in moves if m[0].endswith("_copy")],
+        "copies": [_ties_sorted(m) for m in moves if m[0].endswith("_copy")],
         "tree": [tree(ch) for ch in sorted(root.children.values(), key=lambda ch: side.token_list(ch.key))],
         "evictable_size": int(cache.evictable_size()),
         "protected_size": int(cache.protected_size()),
@@ -122,6 +123,29 @@ def observe(side, result=None, moves=None) -> dict:
         "host_free": {"free_slots": _lst(side, host.free_slots), "available_size": int(host.available_size())},
     }
     return obs
+
+
+def _ties_sorted(copy):
+    """A copy ``(kind, host indices, device indices)`` with the device indices of each run of
+    equal consecutive host indices sorted.
+
+    NOTE: host indices repeat only past F2 (host slots owned twice); the direct backend's
+    ``layer_first`` path sorts the host indices with torch's ``sort``, which is not stable, so
+    tied pairs come in an order of torch's own, kvrace's stable sort keeps them in list order.
+    Each pair copies the same host slot to its device slot whichever comes first, so the
+    copy is the same (FINDINGS.md F3)."""
+    kind, host, dev = copy
+    if host is None or dev is None or len(host) != len(dev) or len(set(host)) == len(host):
+        return copy
+    out, i = list(dev), 0
+    while i < len(host):
+        j = i + 1
+        while j < len(host) and host[j] == host[i]:
+            j += 1
+        if j - i > 1:
+            out[i:j] = sorted(out[i:j])
+        i = j
+    return (kind, host, out)
 
 
 def _canon(x):

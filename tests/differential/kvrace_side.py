@@ -21,8 +21,8 @@ from tests.differential.sglang_side import DiffConfig
 __all__ = ["KvraceSide"]
 
 
-def _to_list(a) -> list[int]:
-    return [int(x) for x in np.asarray(a).reshape(-1).tolist()]
+def _to_list(a) -> list[int] | None:
+    return None if a is None else [int(x) for x in np.asarray(a).reshape(-1).tolist()]
 
 
 class KvraceSide:

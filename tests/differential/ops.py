@@ -47,7 +47,7 @@ OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_hos
 def error_family(e: BaseException) -> str:
     """The kind of an exception, comparable across the two sides (SGLang asserts where
     kvrace raises an ``AssertionError`` subclass, and so on)."""
-    for cls in (AssertionError, KeyError, IndexError, ValueError, RuntimeError, TypeError):
+    for cls in (AssertionError, AttributeError, KeyError, IndexError, ValueError, RuntimeError, TypeError):
         if isinstance(e, cls):
             return cls.__name__
     return "Exception"

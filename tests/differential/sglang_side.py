@@ -243,8 +243,10 @@ def install_stand_ins() -> None:
     _installed["torch"] = torch
 
 
-def _to_list(t) -> list[int]:
-    return [int(x) for x in t.tolist()]
+def _to_list(t) -> list[int] | None:
+    # NOTE: None is recorded as None, so the recorder never fails where the real call would
+    # not (the call itself then fails as SGLang's does: FINDINGS.md F3)
+    return None if t is None else [int(x) for x in t.tolist()]
 
 
 # ---------------------------------------------------------------- the side

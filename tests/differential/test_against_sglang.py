@@ -189,3 +189,30 @@ def test_f2_crash_has_sglangs_exception_kind(cfg):
     ops = scenario_load_back_evicts_its_source(cfg.page_size, cfg.device_tokens)
     res = run_pair(cfg, ops)
     assert not res, _report(cfg, ops, res[0])
+
+
+#: FINDINGS.md F3: the sequences of the 2026-12-03 eighteenth-session run that reached F2's
+#: state and went on (seed, configuration): a node evicted a second time (SGLang frees its
+#: None device value: AttributeError), and a load whose host indices repeat (torch's sort,
+#: not stable, orders the tied pairs its own way on the direct backend's layer_first path)
+F3_RUNS = [
+    (1800154005, DiffConfig(page_size=64, device_tokens=512, write_policy="write_back", hicache_ratio=1.1,
+                            layout=lay, io_backend=io, eviction_policy="filo"))
+    for lay, io in (("layer_first", "kernel"), ("layer_first", "direct"))
+] + [
+    (1800154006, DiffConfig(page_size=64, device_tokens=512, write_policy="write_back", hicache_ratio=1.1,
+                            layout="layer_first", io_backend="direct", eviction_policy="fifo")),
+]
+
+
+@pytest.mark.parametrize("seed,cfg", F3_RUNS, ids=lambda x: str(x) if isinstance(x, int) else _id(x))
+def test_f3_past_f2_the_caches_still_agree(seed, cfg):
+    """Past F2's double-owned host slots both caches go on alike: the second eviction of the
+    detached node fails with SGLang's exception kind, and a load's tied host indices copy
+    the same (host, device) pairs."""
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate
+
+    ops = generate(seed, 250, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
+    res = run_pair(cfg, ops)
+    assert not res, _report(cfg, ops, res[0])
