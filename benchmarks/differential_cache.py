@@ -2,7 +2,11 @@
 
     PYTHONPATH=/path/to/sglang/python:. python benchmarks/differential_cache.py \\
         [--sequences K] [--length N] [--seed S] [--page-size 1|64 ...] [--policy P ...] \\
-        [--layout L/IO ...] [--no-shrink] [--all]
+        [--layout L/IO ...] [--radix] [--no-shrink] [--all]
+
+``--radix`` compares the plain ``RadixCache`` (HiCache off) instead: every chosen page size
+and eviction policy, with and without EAGLE bigram keys, on ``generate_radix`` sequences
+(``--policy``, ``--layout``, ``--ratio`` and ``--scenarios`` do not apply).
 
 Runs K random operation sequences (``tests/differential/ops.py``) for every chosen
 configuration on both caches (``tests/differential/sglang_side.py``,
@@ -112,6 +116,10 @@ def main(argv=None) -> int:
     ap.add_argument("--ignore-error-kind", action="store_true",
                     help="an op failing on both sides agrees whatever the exception kinds (past FINDINGS.md F2)")
     ap.add_argument("--all", action="store_true", help="report one divergence per configuration")
+    ap.add_argument("--extra-keys", action="store_true",
+                    help="a fifth of the sequences namespaced by an extra_key (always so with --radix)")
+    ap.add_argument("--radix", action="store_true",
+                    help="the plain RadixCache (HiCache off), with and without EAGLE bigram keys")
     args = ap.parse_args(argv)
 
     from tests.differential.sglang_side import DiffConfig, sglang_available
@@ -121,11 +129,44 @@ def main(argv=None) -> int:
         print(why, file=sys.stderr)
         return 2
     from tests.differential.compare import run_pair
-    from tests.differential.ops import SCENARIOS, generate
+    from tests.differential.ops import SCENARIOS, generate, generate_radix
 
     diverged = 0
     total_ops = 0
     t0 = time.monotonic()
+
+    def one(cfg, runs, make) -> bool:
+        """Run ``runs`` [(seed or scenario name, scenario function or None)] on ``cfg``; True
+        when one diverged (reported)."""
+        nonlocal total_ops, diverged
+        for seed, fn in runs:
+            ops = make(seed) if fn is None else fn(cfg.page_size, cfg.device_tokens)
+            res = run_pair(cfg, ops, error_kind=not args.ignore_error_kind)
+            total_ops += len(ops) if not res else res[0][0] + 1
+            if not res:
+                continue
+            diverged += 1
+            sops, sdiv = (ops[:res[0][0] + 1], res[0]) if args.no_shrink else shrink(
+                cfg, ops, res[0], error_kind=not args.ignore_error_kind)
+            print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]", flush=True)
+            print(report(cfg, sops, sdiv))
+            print()
+            return True
+        print(f"ok  {cfg.describe()}: {len(runs)} sequences", flush=True)
+        return False
+
+    if args.radix:
+        for ps, evp, eagle in ((p, e, g) for p in args.page_size for e in args.eviction_policy
+                               for g in (False, True)):
+            dev = 48 if ps == 1 else 512
+            cfg = DiffConfig(page_size=ps, device_tokens=dev, hicache=False, is_eagle=eagle,
+                             need_sort=args.need_sort, eviction_policy=evp)
+            runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
+            if one(cfg, runs, lambda seed: generate_radix(seed, args.length, page_size=ps, device_tokens=dev)) \
+                    and not args.all:
+                return 1
+        print(f"{total_ops} ops compared in {time.monotonic() - t0:.1f} s; {diverged} configuration(s) diverged")
+        return 1 if diverged else 0
     for model, ps in ((m, p) for m in args.model for p in args.page_size if m == "mla" or p == 64):
         dev = 48 if ps == 1 else 512
         for policy in args.policy:
@@ -138,23 +179,10 @@ def main(argv=None) -> int:
                 runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
                 if args.scenarios:
                     runs += [(name, fn) for name, fn in SCENARIOS.items()]
-                for seed, fn in runs:
-                    ops = generate(seed, args.length, page_size=ps, device_tokens=dev) if fn is None else fn(ps, dev)
-                    res = run_pair(cfg, ops, error_kind=not args.ignore_error_kind)
-                    total_ops += len(ops) if not res else res[0][0] + 1
-                    if not res:
-                        continue
-                    diverged += 1
-                    sops, sdiv = (ops[:res[0][0] + 1], res[0]) if args.no_shrink else shrink(cfg, ops, res[0],
-                                                                                     error_kind=not args.ignore_error_kind)
-                    print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]", flush=True)
-                    print(report(cfg, sops, sdiv))
-                    print()
-                    if not args.all:
-                        return 1
-                    break
-                else:
-                    print(f"ok  {cfg.describe()}: {len(runs)} sequences", flush=True)
+                if one(cfg, runs, lambda seed: generate(seed, args.length, page_size=ps, device_tokens=dev,
+                                                      extra_keys=args.extra_keys)) \
+                        and not args.all:
+                    return 1
     dt = time.monotonic() - t0
     print(f"{total_ops} ops compared in {dt:.1f} s; {diverged} configuration(s) diverged")
     return 1 if diverged else 0

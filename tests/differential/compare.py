@@ -1,17 +1,20 @@
 """The canonical observation of one side after an op, and the op-by-op comparison.
 
 :func:`observe` reads only names both trees share with SGLang 0.5.14 (``root_node``,
-``children``, ``key.token_ids``, ``value``, ``host_value``, ``lock_ref``,
+``children``, ``key.raw_token_ids()``, ``key.extra_key``, ``value``, ``host_value``, ``lock_ref``,
 ``host_ref_counter``, ``hit_count``, ``last_access_time``, ``write_through_pending_id``,
 ``evictable_leaves``, ``evictable_host_leaves``, ``ongoing_write_through``,
 ``ongoing_load_back``, ``evictable_size()``, ``protected_size()``, the controller's queues
 and layer-done counter, the allocator's ``free_pages`` / ``release_pages`` and the host
-pool's ``free_slots``).  Nodes are named by their path: the tokens from the root to the
-node's end (``"root"`` for the root), so node ids need not agree.
+pool's ``free_slots``).  Nodes are named by their path: the edges from the root to the
+node's end, each its key's raw tokens after its ``extra_key`` when set (``"root"`` for the
+root; :func:`edge`), so node ids need not agree.  The plain ``RadixCache`` (no
+``cache_controller``) is observed without the host-tier fields (``evictable_host_leaves``,
+``ongoing_*``, ``acks``, the queues, the producer and ``host_free``).
 
 An observation is a dict of plain data:
 
-* ``tree``: nested ``[tokens of the edge, state, lock_ref, host_ref_counter, hit_count,
+* ``tree``: nested ``[the edge (extra key, tokens), state, lock_ref, host_ref_counter, hit_count,
   priority, device slots, host slots, write-through pending, children]``, children in key order;
   state ``D`` (device only), ``DH`` (device + host), ``H`` (host only);
 * ``evictable_size``, ``protected_size``;
@@ -33,11 +36,22 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["observe", "diff", "format_diff", "compress", "run_pair"]
+__all__ = ["observe", "diff", "format_diff", "compress", "run_pair", "edge"]
 
 
 def _lst(side, arr):
     return side.as_list(arr)
+
+
+def edge(side, node) -> list:
+    """A node's part of its path: its key's raw tokens, after its ``extra_key`` when it has
+    one (namespaced sequences with the same tokens are different nodes)."""
+    extra = node.key.extra_key
+    return ([] if extra is None else [str(extra)]) + side.token_list(node.key)
+
+
+def _kids(side, node) -> list:
+    return sorted(node.children.values(), key=lambda ch: [str(x) for x in edge(side, ch)])
 
 
 def _nodes(side):
@@ -47,9 +61,8 @@ def _nodes(side):
 
     def walk(node, path):
         out.append((path, node))
-        kids = sorted(node.children.values(), key=lambda ch: side.token_list(ch.key))
-        for ch in kids:
-            walk(ch, path + tuple(side.token_list(ch.key)))
+        for ch in _kids(side, node):
+            walk(ch, path + tuple(edge(side, ch)))
 
     walk(root, ())
     return out
@@ -73,10 +86,9 @@ def observe(side, result=None, moves=None) -> dict:
     root = side.root()
 
     def tree(node):
-        kids = sorted(node.children.values(), key=lambda ch: side.token_list(ch.key))
-        return [side.token_list(node.key), _state(node), int(node.lock_ref), int(node.host_ref_counter),
+        return [edge(side, node), _state(node), int(node.lock_ref), int(node.host_ref_counter),
                 int(node.hit_count), int(node.priority), _lst(side, node.value), _lst(side, node.host_value),
-                node.write_through_pending_id is not None, [tree(ch) for ch in kids]]
+                node.write_through_pending_id is not None, [tree(ch) for ch in _kids(side, node)]]
 
     def pname(node):
         p = path_of.get(id(node))
@@ -86,13 +98,7 @@ def observe(side, result=None, moves=None) -> dict:
         p = by_id.get(i)
         return "<gone>" if p is None else _name(p)
 
-    ctl = cache.cache_controller
-    counter = ctl.layer_done_counter
     alloc = side.allocator_obj()
-    host = side.host_obj()
-    acks = {}
-    for q, queue in (("write", ctl.ack_write_queue), ("load", ctl.ack_load_queue)):
-        acks[q] = [[bool(side.event_done(a[1])), [idname(i) for i in a[2]]] for a in queue]
     moves = list(moves or [])
     obs = {
         "result": result,
@@ -102,13 +108,25 @@ def observe(side, result=None, moves=None) -> dict:
         # touches those slots, so only each list's own order is compared (FINDINGS.md, F1)
         "moves": [m for m in moves if not m[0].endswith("_copy")],
         "copies": [_ties_sorted(m) for m in moves if m[0].endswith("_copy")],
-        "tree": [tree(ch) for ch in sorted(root.children.values(), key=lambda ch: side.token_list(ch.key))],
+        "tree": [tree(ch) for ch in _kids(side, root)],
         "evictable_size": int(cache.evictable_size()),
         "protected_size": int(cache.protected_size()),
         "evictable_leaves": sorted((pname(n) for n in cache.evictable_leaves), key=str),
-        "evictable_host_leaves": sorted((pname(n) for n in cache.evictable_host_leaves), key=str),
         "access_order": [_name(p) for p, n in sorted(nodes, key=lambda pn: pn[1].last_access_time)],
         "creation_order": [_name(p) for p, n in sorted(nodes, key=lambda pn: pn[1].creation_time)],
+        "device_free": {"free_pages": _lst(side, alloc.free_pages), "release_pages": _lst(side, alloc.release_pages),
+                        "available_size": int(alloc.available_size())},
+    }
+    ctl = getattr(cache, "cache_controller", None)
+    if ctl is None:              # the plain RadixCache: no host tier to observe
+        return obs
+    counter = ctl.layer_done_counter
+    host = side.host_obj()
+    acks = {}
+    for q, queue in (("write", ctl.ack_write_queue), ("load", ctl.ack_load_queue)):
+        acks[q] = [[bool(side.event_done(a[1])), [idname(i) for i in a[2]]] for a in queue]
+    obs.update({
+        "evictable_host_leaves": sorted((pname(n) for n in cache.evictable_host_leaves), key=str),
         "ongoing_write_through": sorted(
             ([idname(k), pname(v[0]), int(v[1]), [pname(x) for x in v[2]]]
              for k, v in cache.ongoing_write_through.items()), key=str),
@@ -118,10 +136,8 @@ def observe(side, result=None, moves=None) -> dict:
         "write_queue": len(ctl.write_queue),
         "producer_index": int(counter.producer_index),
         "slots_done": [bool(side.event_done(e.finish_event)) for e in counter.events],
-        "device_free": {"free_pages": _lst(side, alloc.free_pages), "release_pages": _lst(side, alloc.release_pages),
-                        "available_size": int(alloc.available_size())},
         "host_free": {"free_slots": _lst(side, host.free_slots), "available_size": int(host.available_size())},
-    }
+    })
     return obs
 
 
@@ -207,7 +223,8 @@ def _kindless(result):
 
 
 def run_pair(cfg, ops: list[dict], *, stop_at_first: bool = True, error_kind: bool = True):
-    """Run ``ops`` on SGLang's HiRadixCache and kvrace's, observing both after each op.
+    """Run ``ops`` on SGLang's HiRadixCache and kvrace's (their plain ``RadixCache`` when
+    ``cfg.hicache`` is False), observing both after each op.
 
     Transfers: a ``complete``/``complete_all`` op runs on the kvrace side (simulated time
     advances until the acks' copies have finished); after every op, whatever transfer
@@ -231,7 +248,8 @@ def run_pair(cfg, ops: list[dict], *, stop_at_first: bool = True, error_kind: bo
         else:
             rs = dsg.apply(op)
             rk = dkv.apply(op)
-        _mirror(sg, kv)
+        if cfg.hicache:
+            _mirror(sg, kv)
         if not error_kind:
             rs, rk = _kindless(rs), _kindless(rk)
         a = observe(sg, rs, sg.take_moves())

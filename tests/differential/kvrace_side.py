@@ -42,13 +42,25 @@ class KvraceSide:
             "write_policy": cfg.write_policy, "materialise": False,
             **({"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
                if cfg.model == "mla" else {})})
+        self.allocator = self.session.allocator
+        if cfg.need_sort:
+            self.allocator.need_sort = True
+        self.moves: list = []
+        if not cfg.hicache:
+            # HiCache off: the plain RadixCache over the session's allocator, as the engine
+            # builds it (sim.engine.engine) when HiCache is off
+            from sim.cache.radix import RadixCache
+
+            self.cache = self.tree = RadixCache(records.CacheInitParams(
+                page_size=cfg.page_size, token_to_kv_pool_allocator=self.allocator,
+                eviction_policy=cfg.eviction_policy, is_eagle=cfg.is_eagle))
+            self.controller = self.host_pool = None
+            self._wrap()
+            return
         self.cache = self.session.cache          # settled calls
         self.tree = self.session.tree
         self.controller = self.session.controller
-        self.allocator = self.session.allocator
         self.host_pool = self.session.host_pool
-        if cfg.need_sort:
-            self.allocator.need_sort = True
         if cfg.eviction_policy != "lru":
             # NOTE: CacheSession builds its tree with SGLang's default policy (lru) and takes
             # no policy key; set it as RadixCache.__init__ would have from CacheInitParams
@@ -56,14 +68,11 @@ class KvraceSide:
 
             self.tree.eviction_policy = cfg.eviction_policy
             self.tree.eviction_strategy = get_eviction_strategy(cfg.eviction_policy)
-        self.moves: list = []
         self._wrap()
 
     def _wrap(self) -> None:
         moves = self.moves
         alloc, free = self.allocator.alloc, self.allocator.free
-        halloc, hfree = self.host_pool.alloc, self.host_pool.free
-        backup, load = self.host_pool.backup_from_device_all_layer, self.host_pool.load_to_device_per_layer
 
         def dev_alloc(need_size):
             out = alloc(need_size)
@@ -74,6 +83,13 @@ class KvraceSide:
         def dev_free(indices):
             moves.append(("device_free", _to_list(indices)))
             return free(indices)
+
+        self.allocator.alloc = dev_alloc
+        self.allocator.free = dev_free
+        if self.host_pool is None:
+            return
+        halloc, hfree = self.host_pool.alloc, self.host_pool.free
+        backup, load = self.host_pool.backup_from_device_all_layer, self.host_pool.load_to_device_per_layer
 
         def host_alloc(need_size):
             out = halloc(need_size)
@@ -94,8 +110,6 @@ class KvraceSide:
                 moves.append(("load_copy", _to_list(host_indices), _to_list(device_indices)))
             return load(device_pool, host_indices, device_indices, layer_id, *args, **kwargs)
 
-        self.allocator.alloc = dev_alloc
-        self.allocator.free = dev_free
         self.host_pool.alloc = host_alloc
         self.host_pool.free = host_free
         self.host_pool.backup_from_device_all_layer = rec_backup
@@ -107,8 +121,8 @@ class KvraceSide:
         return out
 
     # -------------------------------------------------------------- adapters
-    def key(self, tokens):
-        return self.RadixKey(np.asarray([int(t) for t in tokens], dtype=np.int64))
+    def key(self, tokens, extra_key=None, is_bigram: bool = False):
+        return self.RadixKey(np.asarray([int(t) for t in tokens], dtype=np.int64), extra_key, is_bigram=is_bigram)
 
     @staticmethod
     def as_list(a) -> Optional[list[int]]:
@@ -116,7 +130,8 @@ class KvraceSide:
 
     @staticmethod
     def token_list(key) -> list[int]:
-        return [int(t) for t in np.asarray(key.token_ids).reshape(-1)[:len(key)].tolist()]
+        # NOTE: the raw tokens, as the SGLang side lists them (a bigram key's N units are N + 1)
+        return [int(t) for t in key.raw_token_ids().tolist()]
 
     def root(self):
         return self.tree.root_node
@@ -128,6 +143,8 @@ class KvraceSide:
         return self.allocator
 
     def host_obj(self):
+        if self.host_pool is None:
+            return None
         group = getattr(self.host_pool, "anchor_entry", None)
         return self.host_pool if group is None else group.host_pool
 

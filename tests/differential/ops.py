@@ -28,6 +28,14 @@ An op is a plain dict (JSON-able, printed as is in a divergence report):
 * ``{"op": "complete", "queue": "write"|"load", "count": k}``: the oldest ``k`` acks of that
   queue complete (their copies finished on the device); ``{"op": "complete_all"}``.
 
+Ops ``insert``, ``match`` and ``lock`` take an optional ``"extra"``: the key's ``extra_key``
+(a LoRA id or cache salt: namespaced sequences never share nodes).  With EAGLE
+(``DiffConfig.is_eagle``) an insert's key is the bigram key ``cache_finished_req`` builds
+(``RadixKey(tokens, extra, is_bigram=True)``, page-aligned: N + 1 tokens make N units).
+
+:func:`generate_radix` draws sequences for the plain ``RadixCache`` (HiCache off): inserts,
+matches, locks, unlocks, evictions and flushes only.
+
 The generator keeps handles consistent (an unlock names a held handle) and makes
 sequences share prefixes so that matches split nodes.  Lock and load take their lock right
 after their own match, as the scheduler does, so a handle never names a deleted node.
@@ -37,11 +45,13 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-__all__ = ["generate", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
+__all__ = ["generate", "generate_radix", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
            "scenario_split_pending_backup", "scenario_load_back_evicts_its_source"]
 
 OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
        "loading_check", "check_events", "consumer_check", "flush", "complete", "complete_all")
+#: the ops of the plain RadixCache (no host tier)
+RADIX_OPS = ("insert", "match", "lock", "unlock", "evict", "flush")
 
 
 def error_family(e: BaseException) -> str:
@@ -72,18 +82,35 @@ def _sequence(rng: random.Random, pool: list[list[int]], page: int, max_pages: i
 
 
 def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int = 32,
-             vocab: Optional[int] = None) -> list[dict]:
+             vocab: Optional[int] = None, extra_keys: bool = False) -> list[dict]:
     """``length`` random ops (seeded).  Sequences are up to about half the device pool, so
-    inserts and load-backs evict; the vocabulary is small so prefixes recur."""
+    inserts and load-backs evict; the vocabulary is small so prefixes recur.  With
+    ``extra_keys`` a fifth of the new sequences carry an ``extra_key`` ("a" or "b"), kept by
+    every later op on them (the sequences without it are those drawn without the flag)."""
     rng = random.Random(seed)
     vocab = vocab or (4 if page_size == 1 else 3)
     max_pages = max(1, (device_tokens // page_size) // 2)
     if page_size == 1:
         max_pages = max(12, (device_tokens // 3))
     pool: list[list[int]] = []
+    pool_extra: list = []                  # each pool sequence's extra key (with extra_keys)
     held: list[int] = []
     next_h = 0
     ops: list[dict] = []
+
+    def pick():
+        """(an earlier sequence, its extra key); NOTE: without extra_keys the draw is the one
+        the generator always made, so earlier seeds give the same sequences"""
+        if not extra_keys:
+            return rng.choice(pool), None
+        i = rng.randrange(len(pool))
+        return pool[i], pool_extra[i]
+
+    def keyed(op: dict, extra) -> dict:
+        if extra is not None:
+            op["extra"] = extra
+        return op
+
     weights = {"insert": 6, "match": 2, "lock": 2, "load": 5, "unlock": 5, "ready": 3, "evict": 3,
                "evict_host": 2, "writing_check": 2, "loading_check": 2, "check_events": 3, "complete": 5,
                "complete_all": 1, "cycle": 2, "consumer_check": 2, "flush": 0.3}
@@ -94,10 +121,11 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
         if kind in ("insert", "match", "lock", "load"):
             if kind == "insert" or not pool or rng.random() < 0.2:
                 tokens = _sequence(rng, pool, page_size, max_pages, vocab)
+                extra = rng.choice(["a", "b"]) if extra_keys and rng.random() < 0.2 else None
             else:
                 # NOTE: mostly a whole earlier sequence (plus a tail), so that host hits reach
                 # the load-back threshold (10 tokens) once its nodes were backed up and evicted
-                base = rng.choice(pool)
+                base, extra = pick()
                 r = rng.random()
                 if r < 0.5:
                     tokens = list(base)
@@ -107,18 +135,19 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
                     tokens = base[:rng.randint(1, len(base))]
             if kind == "insert":
                 pool.append(tokens)
-                op = {"op": "insert", "tokens": tokens}
+                pool_extra.append(extra)
+                op = keyed({"op": "insert", "tokens": tokens}, extra)
                 if rng.random() < 0.25:
                     op["priority"] = rng.randint(0, 2)
                 if rng.random() < 0.15:
                     op["chunked"] = True       # a chunked-prefill insert: no hit counting
                 ops.append(op)
             elif kind == "match":
-                ops.append({"op": "match", "tokens": tokens})
+                ops.append(keyed({"op": "match", "tokens": tokens}, extra))
             else:
                 if len(held) >= 2:
                     continue
-                ops.append({"op": kind, "tokens": tokens, "h": next_h})
+                ops.append(keyed({"op": kind, "tokens": tokens, "h": next_h}, extra))
                 held.append(next_h)
                 next_h += 1
         elif kind == "cycle":
@@ -126,10 +155,11 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
             # for it again (load-back), start the load and poll its ack
             if not pool or len(held) >= 2:
                 continue
-            tokens = list(rng.choice(pool))
-            ops += [{"op": "insert", "tokens": tokens}, {"op": "complete", "queue": "write", "count": 2},
+            base, extra = pick()
+            tokens = list(base)
+            ops += [keyed({"op": "insert", "tokens": tokens}, extra), {"op": "complete", "queue": "write", "count": 2},
                     {"op": "check_events"}, {"op": "evict", "n": device_tokens},
-                    {"op": "load", "tokens": tokens, "h": next_h}, {"op": "ready"}]
+                    keyed({"op": "load", "tokens": tokens, "h": next_h}, extra), {"op": "ready"}]
             held.append(next_h)
             next_h += 1
             if rng.random() < 0.5:
@@ -161,6 +191,67 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
     return ops
 
 
+def generate_radix(seed: int, length: int, *, page_size: int = 1, device_tokens: int = 32,
+                   extra_keys: bool = True, vocab: Optional[int] = None) -> list[dict]:
+    """``length`` random ops (seeded) for the plain ``RadixCache``: inserts (priorities,
+    chunked inserts), matches, locks and unlocks of up to three handles, evictions and
+    flushes; with ``extra_keys`` a fifth of the sequences carry an ``extra_key`` ("a" or
+    "b"), often the same tokens as an unnamespaced one."""
+    rng = random.Random(seed)
+    vocab = vocab or (4 if page_size == 1 else 3)
+    max_pages = max(12, device_tokens // 3) if page_size == 1 else max(1, (device_tokens // page_size) // 2)
+    pool: list[tuple] = []                # (tokens, extra)
+    held: list[int] = []
+    next_h = 0
+    ops: list[dict] = []
+    weights = {"insert": 6, "match": 2, "lock": 3, "unlock": 3, "evict": 3, "flush": 0.3}
+    names = list(weights)
+    w = [weights[n] for n in names]
+    while len(ops) < length:
+        kind = rng.choices(names, w)[0]
+        if kind in ("insert", "match", "lock"):
+            if kind == "insert" or not pool or rng.random() < 0.2:
+                tokens = _sequence(rng, [t for t, _ in pool], page_size, max_pages, vocab)
+                extra = rng.choice(["a", "b"]) if extra_keys and rng.random() < 0.2 else None
+            else:
+                base, extra = rng.choice(pool)
+                r = rng.random()
+                tokens = (list(base) if r < 0.5 else
+                          list(base) + [rng.randrange(vocab) for _ in range(rng.randint(1, 2 * page_size))]
+                          if r < 0.75 else base[:rng.randint(1, len(base))])
+                if extra_keys and rng.random() < 0.1:
+                    extra = None if extra is not None else "a"     # the same tokens, another namespace
+            op = {"op": kind, "tokens": tokens}
+            if extra is not None:
+                op["extra"] = extra
+            if kind == "insert":
+                pool.append((tokens, extra))
+                if rng.random() < 0.25:
+                    op["priority"] = rng.randint(0, 2)
+                if rng.random() < 0.15:
+                    op["chunked"] = True
+            elif kind == "lock":
+                if len(held) >= 3:
+                    continue
+                op["h"] = next_h
+                held.append(next_h)
+                next_h += 1
+            ops.append(op)
+        elif kind == "unlock":
+            if not held:
+                continue
+            ops.append({"op": "unlock", "h": held.pop(rng.randrange(len(held)))})
+        elif kind == "evict":
+            ops.append({"op": "evict", "n": rng.randint(1, device_tokens)})
+        else:
+            # flush_cache runs only when no request is running
+            ops += [{"op": "unlock", "h": h} for h in held]
+            held.clear()
+            ops.append({"op": "flush"})
+    ops += [{"op": "unlock", "h": h} for h in held]
+    return ops
+
+
 class SideDriver:
     """Applies ops to one side (``SGLangSide`` or ``KvraceSide``): the side gives ``cache``
     (the tree; for kvrace the session's settled tree), ``records`` (a module with
@@ -174,10 +265,12 @@ class SideDriver:
         self.last_producer = -1
 
     def _path(self, node) -> tuple:
+        from tests.differential.compare import edge
+
         out = []
         root = self.side.root()
         while node is not None and node is not root:
-            out = self.side.token_list(node.key) + out
+            out = edge(self.side, node) + out
             node = node.parent
         return tuple(out)
 
@@ -192,7 +285,9 @@ class SideDriver:
         s, c, r = self.side, self.side.cache, self.side.records
         kind = op["op"]
         if kind == "insert":
-            key = s.key(op["tokens"])
+            # NOTE: the key cache_finished_req builds (bigram with EAGLE), so that ``n``, the
+            # slots the request holds for it, is its unit count
+            key = s.key(op["tokens"], op.get("extra"), is_bigram=s.cfg.is_eagle)
             n = len(key.page_aligned(s.cfg.page_size))
             if n == 0:
                 return ("empty",)
@@ -208,7 +303,7 @@ class SideDriver:
                 s.allocator.free(dup)
             return ("inserted", int(res.prefix_len))
         if kind in ("match", "lock", "load"):
-            m = c.match_prefix(r.MatchPrefixParams(key=s.key(op["tokens"])))
+            m = c.match_prefix(r.MatchPrefixParams(key=s.key(op["tokens"], op.get("extra"))))
             seen = (s.as_list(m.device_indices), self._path(m.last_device_node), self._path(m.last_host_node),
                     int(m.host_hit_length))
             if kind == "match":

@@ -67,8 +67,17 @@ class DiffConfig:
     qk_rope_head_dim: int = 8
     need_sort: bool = False
     eviction_policy: str = "lru"
+    #: False: the plain ``RadixCache`` (HiCache off: no host pool, no controller), driven by
+    #: ``ops.generate_radix``; the ``hicache_*``, layout and write-policy fields are then unused
+    hicache: bool = True
+    #: EAGLE's bigram keys (``CacheInitParams.is_eagle``); plain RadixCache only
+    is_eagle: bool = False
 
     def describe(self) -> str:
+        if not self.hicache:
+            return (f"radix {self.model} page_size={self.page_size} device_tokens={self.device_tokens}"
+                    + (" eagle" if self.is_eagle else "") + (" need_sort" if self.need_sort else "")
+                    + (f" evict={self.eviction_policy}" if self.eviction_policy != "lru" else ""))
         return (f"{self.model} page_size={self.page_size} device_tokens={self.device_tokens} layers={self.layers} "
                 f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}"
                 + (" need_sort" if self.need_sort else "")
@@ -254,7 +263,8 @@ def _to_list(t) -> list[int] | None:
 class SGLangSide:
     """SGLang's HiRadixCache with the stand-ins, plus recorders of the slots each call moves.
 
-    ``cache`` (the real ``HiRadixCache``), ``controller``, ``allocator``, ``host_pool``;
+    ``cache`` (the real ``HiRadixCache``; the real ``RadixCache`` when ``cfg.hicache`` is
+    False, with ``controller`` and ``host_pool`` None), ``controller``, ``allocator``, ``host_pool``;
     ``moves``: the current op's (what, list of ints) records (device/host alloc/free, write/
     load copies), taken and cleared by :meth:`take_moves`."""
 
@@ -270,7 +280,7 @@ class SGLangSide:
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
         from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
-        from sglang.srt.mem_cache.radix_cache import RadixKey, TreeNode
+        from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
         self.torch = torch
         self.cfg = cfg
@@ -299,27 +309,32 @@ class SGLangSide:
         else:
             self.allocator = PagedTokenToKVPoolAllocator(cfg.device_tokens, cfg.page_size, dtype, "cpu",
                                                          self.device_pool, cfg.need_sort)
+        import torch.distributed as dist
+        params = CacheInitParams(disable=False, req_to_token_pool=None,
+                                 token_to_kv_pool_allocator=self.allocator, page_size=cfg.page_size,
+                                 tp_cache_group=dist.group.WORLD, eviction_policy=cfg.eviction_policy,
+                                 enable_metrics=False, enable_kv_cache_events=False, is_eagle=cfg.is_eagle)
+        self.moves: list = []
+        if not cfg.hicache:
+            # HiCache off: the scheduler's tree is the plain RadixCache over the same allocator
+            self.cache = RadixCache(params)
+            self.controller = self.host_pool = None
+            self._wrap()
+            return
         server_args = types.SimpleNamespace(
             hicache_ratio=cfg.hicache_ratio, hicache_size=0, hicache_mem_layout=cfg.layout,
             hicache_storage_backend=None, hicache_storage_backend_extra_config=None,
             hicache_storage_prefetch_policy="best_effort", hicache_write_policy=cfg.write_policy,
             hicache_io_backend=cfg.io_backend, served_model_name="differential", extra_metric_labels=None)
-        import torch.distributed as dist
-        params = CacheInitParams(disable=False, req_to_token_pool=None,
-                                 token_to_kv_pool_allocator=self.allocator, page_size=cfg.page_size,
-                                 tp_cache_group=dist.group.WORLD, eviction_policy=cfg.eviction_policy,
-                                 enable_metrics=False, enable_kv_cache_events=False)
         self.cache = HiRadixCache(params, server_args)
         self.controller = self.cache.cache_controller
         self.host_pool = self.cache.token_to_kv_pool_host
-        self.moves: list = []
         self._wrap()
 
     # -------------------------------------------------------------- recorders
     def _wrap(self) -> None:
         moves = self.moves
         alloc, free = self.allocator.alloc, self.allocator.free
-        halloc, hfree = self.host_pool.alloc, self.host_pool.free
 
         def dev_alloc(need_size):
             out = alloc(need_size)
@@ -330,6 +345,12 @@ class SGLangSide:
         def dev_free(indices):
             moves.append(("device_free", _to_list(indices)))
             return free(indices)
+
+        self.allocator.alloc = dev_alloc
+        self.allocator.free = dev_free
+        if self.host_pool is None:
+            return
+        halloc, hfree = self.host_pool.alloc, self.host_pool.free
 
         def host_alloc(need_size):
             out = halloc(need_size)
@@ -349,8 +370,6 @@ class SGLangSide:
             if layer_id == 0:
                 moves.append(("load_copy", _to_list(host_indices), _to_list(device_indices)))
 
-        self.allocator.alloc = dev_alloc
-        self.allocator.free = dev_free
         self.host_pool.alloc = host_alloc
         self.host_pool.free = host_free
         # stand-in 3: the copy kernels
@@ -363,10 +382,10 @@ class SGLangSide:
         return out
 
     # -------------------------------------------------------------- adapters
-    def key(self, tokens):
+    def key(self, tokens, extra_key=None, is_bigram: bool = False):
         from array import array
 
-        return self.RadixKey(array("q", [int(t) for t in tokens]))
+        return self.RadixKey(array("q", [int(t) for t in tokens]), extra_key, is_bigram=is_bigram)
 
     @staticmethod
     def as_list(t) -> Optional[list[int]]:
@@ -382,6 +401,8 @@ class SGLangSide:
         return self.allocator
 
     def host_obj(self):
+        if self.host_pool is None:
+            return None
         group = getattr(self.host_pool, "anchor_entry", None)
         return self.host_pool if group is None else group.host_pool
 
@@ -391,7 +412,8 @@ class SGLangSide:
 
     @staticmethod
     def token_list(key) -> list[int]:
-        return [int(t) for t in key.token_ids]
+        # NOTE: the raw tokens (a bigram key's N units are N + 1 of them; ``limit`` cuts them)
+        return [int(t) for t in key.raw_token_ids()]
 
     # -------------------------------------------------------------- transfers
     def ack_events(self, queue: str) -> list:

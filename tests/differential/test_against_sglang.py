@@ -1,4 +1,5 @@
-"""kvrace's HiRadixCache against SGLang 0.5.14's own, op by op, on random sequences.
+"""kvrace's HiRadixCache against SGLang 0.5.14's own, op by op, on random sequences (and
+the plain RadixCache, HiCache off, against SGLang's ``RadixCache``).
 
 Skipped unless torch and SGLang 0.5.14 import (tests/differential/README.md says how to
 get them); slow tier.  Each test runs N seeded sequences for one configuration on both
@@ -54,6 +55,9 @@ def _report(cfg, ops, div) -> str:
 
 
 def _id(c) -> str:
+    if not c.hicache:
+        return (f"radix-p{c.page_size}" + ("-eagle" if c.is_eagle else "") + ("-sorted" if c.need_sort else "")
+                + f"-{c.eviction_policy}")
     return (f"{c.model}-p{c.page_size}-{c.write_policy}-{c.layout}-{c.io_backend}-r{c.hicache_ratio}"
             + ("-sorted" if c.need_sort else "") + (f"-{c.eviction_policy}" if c.eviction_policy != "lru" else ""))
 
@@ -65,6 +69,24 @@ def test_random_sequences_agree_op_by_op(cfg):
 
     for seed in range(N_SEQUENCES):
         ops = generate(seed, LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
+        res = run_pair(cfg, ops)
+        assert not res, _report(cfg, ops, res[0])
+
+
+#: a few configurations with extra_key namespaces in their sequences (LoRA ids, cache salts)
+EXTRA_KEY_CONFIGS = [c for c in CONFIGS if c.eviction_policy == "lru" and not c.need_sort and c.hicache_ratio == 2.0
+                     and (c.write_policy, c.layout) in (("write_back", "layer_first"), ("write_through", "page_first"),
+                                                        ("write_through_selective", "page_first_direct"))]
+
+
+@pytest.mark.parametrize("cfg", EXTRA_KEY_CONFIGS, ids=_id)
+def test_namespaced_sequences_agree_op_by_op(cfg):
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate
+
+    for seed in range(N_SEQUENCES):
+        ops = generate(seed, 2 * LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens, extra_keys=True)
+        assert any("extra" in op for op in ops)
         res = run_pair(cfg, ops)
         assert not res, _report(cfg, ops, res[0])
 
@@ -216,3 +238,79 @@ def test_f3_past_f2_the_caches_still_agree(seed, cfg):
     ops = generate(seed, 250, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
     res = run_pair(cfg, ops)
     assert not res, _report(cfg, ops, res[0])
+
+
+# ---------------------------------------------------------------- the plain RadixCache (HiCache off)
+
+#: SGLang's ``RadixCache`` over the same allocators: what a deployment with HiCache off (and
+#: kvrace's engine then) caches in; every eviction policy, page 1 and 64, EAGLE bigram keys,
+#: need_sort
+RADIX_CONFIGS = [
+    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, hicache=False, eviction_policy=e,
+               is_eagle=eagle, need_sort=sort)
+    for ps in (1, 64)
+    for e in ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
+    for eagle, sort in ((False, False), (True, e == "lru"))
+]
+
+
+@pytest.mark.parametrize("cfg", RADIX_CONFIGS, ids=_id)
+def test_plain_radix_cache_agrees_op_by_op(cfg):
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate_radix
+
+    for seed in range(N_SEQUENCES):
+        ops = generate_radix(seed, 2 * LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
+        res = run_pair(cfg, ops)
+        assert not res, _report(cfg, ops, res[0])
+
+
+def test_plain_radix_side_is_sglangs_radix_cache():
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+    from tests.differential.sglang_side import SGLangSide
+
+    side = SGLangSide(DiffConfig(hicache=False, is_eagle=True))
+    assert type(side.cache) is RadixCache and side.cache.is_eagle
+    assert side.controller is None and side.host_pool is None
+
+
+@pytest.mark.parametrize("mutant", ["evict_parent_not_pushed", "bigram_off"])
+def test_harness_detects_a_changed_plain_radix_rule(monkeypatch, mutant):
+    """The plain-cache comparison can fail: a kvrace tree whose eviction never goes on to a
+    parent that became a leaf, or one that ignores EAGLE, diverges on some sequence."""
+    import tests.differential.kvrace_side as ks
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate_radix
+
+    real_init = ks.KvraceSide.__init__
+
+    def init(self, cfg):
+        real_init(self, cfg)
+        if mutant == "bigram_off":
+            self.tree.is_eagle = False
+        else:
+            tree = self.tree
+
+            def evict(params):
+                # the same frees, leaf by leaf, but a parent left childless stays
+                from sim.cache.records import EvictResult
+
+                leaves = sorted(tree.evictable_leaves, key=tree.eviction_strategy.get_priority)
+                done = 0
+                for x in leaves:
+                    if done >= params.num_tokens:
+                        break
+                    tree.token_to_kv_pool_allocator.free(x.value)
+                    done += len(x.value)
+                    tree._delete_leaf(x)
+                return EvictResult(num_tokens_evicted=done)
+
+            tree.evict = evict
+
+    monkeypatch.setattr(ks.KvraceSide, "__init__", init)
+    cfg = DiffConfig(page_size=1, device_tokens=48, hicache=False, is_eagle=mutant == "bigram_off")
+    for seed in range(10):
+        if run_pair(cfg, generate_radix(seed, 120, page_size=1, device_tokens=48)):
+            return
+    pytest.fail(f"no sequence told the {mutant} mutant apart")
