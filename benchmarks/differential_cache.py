@@ -1,7 +1,7 @@
 """Differential check of kvrace's HiRadixCache against SGLang 0.5.14's own, op by op.
 
     PYTHONPATH=/path/to/sglang/python:. python benchmarks/differential_cache.py \\
-        [--sequences K] [--length N] [--seed S] [--page-size 1|64 ...] [--policy P ...] \\
+        [--sequences K] [--length N] [--seed S] [--page-size 1|16|64|256 ...] [--policy P ...] \\
         [--layout L/IO ...] [--radix] [--no-shrink] [--all]
 
 ``--radix`` compares the plain ``RadixCache`` (HiCache off) instead: every chosen page size
@@ -30,6 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 LAYOUTS = ("layer_first/kernel", "page_first/kernel", "page_first_direct/direct", "layer_first/direct")
 POLICIES = ("write_through", "write_through_selective", "write_back")
+#: page sizes a configuration may have (256: the incident's HiCache page)
+PAGE_SIZES = (1, 16, 64, 256)
+
+
+def device_tokens(page_size: int) -> int:
+    """The device pool of a configuration: 48 tokens at page 1, else 8 pages (so sequences of
+    up to half the pool evict)."""
+    return 48 if page_size == 1 else 8 * page_size
 
 
 def _short(op: dict) -> str:
@@ -101,7 +109,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sequences", type=int, default=20, help="sequences per configuration (20)")
     ap.add_argument("--length", type=int, default=60, help="random ops per sequence (60)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--page-size", type=int, nargs="+", default=[1, 64], choices=[1, 64])
+    ap.add_argument("--page-size", type=int, nargs="+", default=[1, 64], choices=PAGE_SIZES,
+                    help="page sizes (1 64); the device pool holds 48 tokens at page 1, else 8 pages")
     ap.add_argument("--model", nargs="+", default=["mla"], choices=["mla", "dsa"],
                     help="device pool family (dsa: page size 64 only; SGLang's HostPoolGroup + HybridCacheController)")
     ap.add_argument("--policy", nargs="+", default=list(POLICIES), choices=POLICIES)
@@ -158,7 +167,7 @@ def main(argv=None) -> int:
     if args.radix:
         for ps, evp, eagle in ((p, e, g) for p in args.page_size for e in args.eviction_policy
                                for g in (False, True)):
-            dev = 48 if ps == 1 else 512
+            dev = device_tokens(ps)
             cfg = DiffConfig(page_size=ps, device_tokens=dev, hicache=False, is_eagle=eagle,
                              need_sort=args.need_sort, eviction_policy=evp)
             runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
@@ -168,7 +177,7 @@ def main(argv=None) -> int:
         print(f"{total_ops} ops compared in {time.monotonic() - t0:.1f} s; {diverged} configuration(s) diverged")
         return 1 if diverged else 0
     for model, ps in ((m, p) for m in args.model for p in args.page_size if m == "mla" or p == 64):
-        dev = 48 if ps == 1 else 512
+        dev = device_tokens(ps)
         for policy in args.policy:
             for lay, ratio, evp in ((lay, r, e) for lay in args.layout for r in args.ratio
                                     for e in args.eviction_policy):

@@ -42,6 +42,12 @@ CONFIGS = [
     # the other eviction strategies (hit counts, creation order, priorities, SLRU segments)
     DiffConfig(page_size=1, device_tokens=48, write_policy="write_through_selective", eviction_policy=e)
     for e in ("lfu", "fifo", "mru", "filo", "priority", "slru")
+] + [
+    # the incident's HiCache page (256 tokens), and a page of 16
+    DiffConfig(page_size=ps, device_tokens=8 * ps, write_policy=pol, layout=lay, io_backend=io)
+    for ps, pol, lay, io in ((256, "write_through", "page_first", "kernel"),
+                             (256, "write_back", "page_first_direct", "direct"),
+                             (16, "write_through_selective", "layer_first", "kernel"))
 ]
 
 
@@ -251,7 +257,7 @@ RADIX_CONFIGS = [
     for ps in (1, 64)
     for e in ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
     for eagle, sort in ((False, False), (True, e == "lru"))
-]
+] + [DiffConfig(page_size=256, device_tokens=2048, hicache=False, is_eagle=eagle) for eagle in (False, True)]
 
 
 @pytest.mark.parametrize("cfg", RADIX_CONFIGS, ids=_id)
