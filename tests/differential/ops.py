@@ -28,7 +28,7 @@ An op is a plain dict (JSON-able, printed as is in a divergence report):
 * ``{"op": "complete", "queue": "write"|"load", "count": k}``: the oldest ``k`` acks of that
   queue complete (their copies finished on the device); ``{"op": "complete_all"}``.
 
-Ops ``insert``, ``match`` and ``lock`` take an optional ``"extra"``: the key's ``extra_key``
+Ops ``insert``, ``match``, ``lock`` and ``load`` take an optional ``"extra"``: the key's ``extra_key``
 (a LoRA id or cache salt: namespaced sequences never share nodes).  With EAGLE
 (``DiffConfig.is_eagle``) an insert's key is the bigram key ``cache_finished_req`` builds
 (``RadixKey(tokens, extra, is_bigram=True)``, page-aligned: N + 1 tokens make N units).
@@ -45,7 +45,7 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-__all__ = ["generate", "generate_radix", "SideDriver", "error_family", "OPS", "SCENARIOS", "scenario_fourth_load",
+__all__ = ["generate", "generate_radix", "SideDriver", "error_family", "OPS", "RADIX_OPS", "SCENARIOS", "scenario_fourth_load",
            "scenario_split_pending_backup", "scenario_load_back_evicts_its_source"]
 
 OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
@@ -196,7 +196,8 @@ def generate_radix(seed: int, length: int, *, page_size: int = 1, device_tokens:
     """``length`` random ops (seeded) for the plain ``RadixCache``: inserts (priorities,
     chunked inserts), matches, locks and unlocks of up to three handles, evictions and
     flushes; with ``extra_keys`` a fifth of the sequences carry an ``extra_key`` ("a" or
-    "b"), often the same tokens as an unnamespaced one."""
+    "b"); a tenth of the later ops on an earlier sequence move it to another namespace (the
+    same tokens under another key)."""
     rng = random.Random(seed)
     vocab = vocab or (4 if page_size == 1 else 3)
     max_pages = max(12, device_tokens // 3) if page_size == 1 else max(1, (device_tokens // page_size) // 2)
