@@ -34,12 +34,6 @@ POLICIES = ("write_through", "write_through_selective", "write_back")
 PAGE_SIZES = (1, 16, 64, 256)
 
 
-def device_tokens(page_size: int) -> int:
-    """The device pool of a configuration: 48 tokens at page 1, else 8 pages (so sequences of
-    up to half the pool evict)."""
-    return 48 if page_size == 1 else 8 * page_size
-
-
 def _short(op: dict) -> str:
     d = dict(op)
     if "tokens" in d:
@@ -131,7 +125,7 @@ def main(argv=None) -> int:
                     help="the plain RadixCache (HiCache off), with and without EAGLE bigram keys")
     args = ap.parse_args(argv)
 
-    from tests.differential.sglang_side import DiffConfig, sglang_available
+    from tests.differential.sglang_side import DiffConfig, device_tokens_for, sglang_available
 
     ok, why = sglang_available()
     if not ok:
@@ -140,16 +134,36 @@ def main(argv=None) -> int:
     from tests.differential.compare import run_pair
     from tests.differential.ops import SCENARIOS, generate, generate_radix
 
+    def configs():
+        if args.radix:
+            for ps, evp, eagle in ((p, e, g) for p in args.page_size for e in args.eviction_policy
+                                   for g in (False, True)):
+                yield DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), hicache=False, is_eagle=eagle,
+                                 need_sort=args.need_sort, eviction_policy=evp)
+            return
+        for model, ps in ((m, p) for m in args.model for p in args.page_size if m == "mla" or p == 64):
+            for policy, lay, ratio, evp in ((pol, lay, r, e) for pol in args.policy for lay in args.layout
+                                            for r in args.ratio for e in args.eviction_policy):
+                layout, io = lay.split("/")
+                yield DiffConfig(model=model, page_size=ps, device_tokens=device_tokens_for(ps), write_policy=policy,
+                                 layout=layout, io_backend=io, need_sort=args.need_sort, hicache_ratio=ratio,
+                                 eviction_policy=evp)
+
+    def sequence(cfg, seed) -> list[dict]:
+        if not cfg.hicache:
+            return generate_radix(seed, args.length, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
+        return generate(seed, args.length, page_size=cfg.page_size, device_tokens=cfg.device_tokens,
+                        extra_keys=args.extra_keys)
+
     diverged = 0
     total_ops = 0
     t0 = time.monotonic()
-
-    def one(cfg, runs, make) -> bool:
-        """Run ``runs`` [(seed or scenario name, scenario function or None)] on ``cfg``; True
-        when one diverged (reported)."""
-        nonlocal total_ops, diverged
+    for cfg in configs():
+        runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
+        if args.scenarios and cfg.hicache:
+            runs += [(name, fn) for name, fn in SCENARIOS.items()]
         for seed, fn in runs:
-            ops = make(seed) if fn is None else fn(cfg.page_size, cfg.device_tokens)
+            ops = sequence(cfg, seed) if fn is None else fn(cfg.page_size, cfg.device_tokens)
             res = run_pair(cfg, ops, error_kind=not args.ignore_error_kind)
             total_ops += len(ops) if not res else res[0][0] + 1
             if not res:
@@ -160,42 +174,14 @@ def main(argv=None) -> int:
             print(f"[seed {seed}, {len(ops)} ops, shrunk to {len(sops)}]", flush=True)
             print(report(cfg, sops, sdiv))
             print()
-            return True
-        print(f"ok  {cfg.describe()}: {len(runs)} sequences", flush=True)
-        return False
-
-    if args.radix:
-        for ps, evp, eagle in ((p, e, g) for p in args.page_size for e in args.eviction_policy
-                               for g in (False, True)):
-            dev = device_tokens(ps)
-            cfg = DiffConfig(page_size=ps, device_tokens=dev, hicache=False, is_eagle=eagle,
-                             need_sort=args.need_sort, eviction_policy=evp)
-            runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
-            if one(cfg, runs, lambda seed: generate_radix(seed, args.length, page_size=ps, device_tokens=dev)) \
-                    and not args.all:
+            if not args.all:
                 return 1
-        print(f"{total_ops} ops compared in {time.monotonic() - t0:.1f} s; {diverged} configuration(s) diverged")
-        return 1 if diverged else 0
-    for model, ps in ((m, p) for m in args.model for p in args.page_size if m == "mla" or p == 64):
-        dev = device_tokens(ps)
-        for policy in args.policy:
-            for lay, ratio, evp in ((lay, r, e) for lay in args.layout for r in args.ratio
-                                    for e in args.eviction_policy):
-                layout, io = lay.split("/")
-                cfg = DiffConfig(model=model, page_size=ps, device_tokens=dev, write_policy=policy, layout=layout,
-                                 io_backend=io, need_sort=args.need_sort, hicache_ratio=ratio,
-                                 eviction_policy=evp)
-                runs = [(args.seed * 100003 + k, None) for k in range(args.sequences)]
-                if args.scenarios:
-                    runs += [(name, fn) for name, fn in SCENARIOS.items()]
-                if one(cfg, runs, lambda seed: generate(seed, args.length, page_size=ps, device_tokens=dev,
-                                                      extra_keys=args.extra_keys)) \
-                        and not args.all:
-                    return 1
+            break
+        else:
+            print(f"ok  {cfg.describe()}: {len(runs)} sequences", flush=True)
     dt = time.monotonic() - t0
     print(f"{total_ops} ops compared in {dt:.1f} s; {diverged} configuration(s) diverged")
     return 1 if diverged else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

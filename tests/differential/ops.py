@@ -81,6 +81,59 @@ def _sequence(rng: random.Random, pool: list[list[int]], page: int, max_pages: i
     return seq if seq else [rng.randrange(vocab) for _ in range(page)]
 
 
+class _Pool:
+    """The sequences a generator has inserted, each with its extra key, and how an op's
+    tokens are drawn from them (both generators draw alike)."""
+
+    def __init__(self, rng: random.Random, page_size: int, device_tokens: int, vocab: Optional[int],
+                 extra_keys: bool):
+        self.rng = rng
+        self.page = page_size
+        self.vocab = vocab or (4 if page_size == 1 else 3)
+        self.max_pages = max(12, device_tokens // 3) if page_size == 1 else max(1, (device_tokens // page_size) // 2)
+        self.extra_keys = extra_keys
+        self.tokens: list[list[int]] = []
+        self.extras: list = []
+
+    def add(self, tokens: list[int], extra) -> None:
+        self.tokens.append(tokens)
+        self.extras.append(extra)
+
+    def pick(self) -> tuple:
+        """(an earlier sequence, its extra key)."""
+        i = self.rng.randrange(len(self.tokens))
+        return self.tokens[i], self.extras[i]
+
+    def draw(self, kind: str, flip: float = 0.0) -> tuple:
+        """(tokens, extra key) of an op of ``kind``: an insert's are a new sequence (``_sequence``),
+        another op's mostly an earlier sequence, whole, with a tail, or cut; with extra keys a
+        new sequence is namespaced one time in five, and an earlier one moves to another
+        namespace with probability ``flip``."""
+        rng = self.rng
+        if kind == "insert" or not self.tokens or rng.random() < 0.2:
+            tokens = _sequence(rng, self.tokens, self.page, self.max_pages, self.vocab)
+            return tokens, rng.choice(["a", "b"]) if self.extra_keys and rng.random() < 0.2 else None
+        # NOTE: mostly a whole earlier sequence (plus a tail), so that host hits reach the
+        # load-back threshold (10 tokens) once its nodes were backed up and evicted
+        base, extra = self.pick()
+        r = rng.random()
+        if r < 0.5:
+            tokens = list(base)
+        elif r < 0.75:
+            tokens = list(base) + [rng.randrange(self.vocab) for _ in range(rng.randint(1, 2 * self.page))]
+        else:
+            tokens = base[:rng.randint(1, len(base))]
+        if flip and self.extra_keys and rng.random() < flip:
+            extra = None if extra is not None else "a"     # the same tokens, another namespace
+        return tokens, extra
+
+
+def _keyed(op: dict, extra) -> dict:
+    if extra is not None:
+        op["extra"] = extra
+    return op
+
+
 def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int = 32,
              vocab: Optional[int] = None, extra_keys: bool = False) -> list[dict]:
     """``length`` random ops (seeded).  Sequences are up to about half the device pool, so
@@ -88,29 +141,10 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
     ``extra_keys`` a fifth of the new sequences carry an ``extra_key`` ("a" or "b"), kept by
     every later op on them (the sequences without it are those drawn without the flag)."""
     rng = random.Random(seed)
-    vocab = vocab or (4 if page_size == 1 else 3)
-    max_pages = max(1, (device_tokens // page_size) // 2)
-    if page_size == 1:
-        max_pages = max(12, (device_tokens // 3))
-    pool: list[list[int]] = []
-    pool_extra: list = []                  # each pool sequence's extra key (with extra_keys)
+    pool = _Pool(rng, page_size, device_tokens, vocab, extra_keys)
     held: list[int] = []
     next_h = 0
     ops: list[dict] = []
-
-    def pick():
-        """(an earlier sequence, its extra key); NOTE: without extra_keys the draw is the one
-        the generator always made, so earlier seeds give the same sequences"""
-        if not extra_keys:
-            return rng.choice(pool), None
-        i = rng.randrange(len(pool))
-        return pool[i], pool_extra[i]
-
-    def keyed(op: dict, extra) -> dict:
-        if extra is not None:
-            op["extra"] = extra
-        return op
-
     weights = {"insert": 6, "match": 2, "lock": 2, "load": 5, "unlock": 5, "ready": 3, "evict": 3,
                "evict_host": 2, "writing_check": 2, "loading_check": 2, "check_events": 3, "complete": 5,
                "complete_all": 1, "cycle": 2, "consumer_check": 2, "flush": 0.3}
@@ -119,47 +153,33 @@ def generate(seed: int, length: int, *, page_size: int = 1, device_tokens: int =
     while len(ops) < length:
         kind = rng.choices(names, w)[0]
         if kind in ("insert", "match", "lock", "load"):
-            if kind == "insert" or not pool or rng.random() < 0.2:
-                tokens = _sequence(rng, pool, page_size, max_pages, vocab)
-                extra = rng.choice(["a", "b"]) if extra_keys and rng.random() < 0.2 else None
-            else:
-                # NOTE: mostly a whole earlier sequence (plus a tail), so that host hits reach
-                # the load-back threshold (10 tokens) once its nodes were backed up and evicted
-                base, extra = pick()
-                r = rng.random()
-                if r < 0.5:
-                    tokens = list(base)
-                elif r < 0.75:
-                    tokens = list(base) + [rng.randrange(vocab) for _ in range(rng.randint(1, 2 * page_size))]
-                else:
-                    tokens = base[:rng.randint(1, len(base))]
+            tokens, extra = pool.draw(kind)
             if kind == "insert":
-                pool.append(tokens)
-                pool_extra.append(extra)
-                op = keyed({"op": "insert", "tokens": tokens}, extra)
+                pool.add(tokens, extra)
+                op = _keyed({"op": "insert", "tokens": tokens}, extra)
                 if rng.random() < 0.25:
                     op["priority"] = rng.randint(0, 2)
                 if rng.random() < 0.15:
                     op["chunked"] = True       # a chunked-prefill insert: no hit counting
                 ops.append(op)
             elif kind == "match":
-                ops.append(keyed({"op": "match", "tokens": tokens}, extra))
+                ops.append(_keyed({"op": "match", "tokens": tokens}, extra))
             else:
                 if len(held) >= 2:
                     continue
-                ops.append(keyed({"op": kind, "tokens": tokens, "h": next_h}, extra))
+                ops.append(_keyed({"op": kind, "tokens": tokens, "h": next_h}, extra))
                 held.append(next_h)
                 next_h += 1
         elif kind == "cycle":
             # a round trip: cache a sequence, let its backup land, push it to the host, ask
             # for it again (load-back), start the load and poll its ack
-            if not pool or len(held) >= 2:
+            if not pool.tokens or len(held) >= 2:
                 continue
-            base, extra = pick()
+            base, extra = pool.pick()
             tokens = list(base)
-            ops += [keyed({"op": "insert", "tokens": tokens}, extra), {"op": "complete", "queue": "write", "count": 2},
+            ops += [_keyed({"op": "insert", "tokens": tokens}, extra), {"op": "complete", "queue": "write", "count": 2},
                     {"op": "check_events"}, {"op": "evict", "n": device_tokens},
-                    keyed({"op": "load", "tokens": tokens, "h": next_h}, extra), {"op": "ready"}]
+                    _keyed({"op": "load", "tokens": tokens, "h": next_h}, extra), {"op": "ready"}]
             held.append(next_h)
             next_h += 1
             if rng.random() < 0.5:
@@ -199,9 +219,7 @@ def generate_radix(seed: int, length: int, *, page_size: int = 1, device_tokens:
     "b"); a tenth of the later ops on an earlier sequence move it to another namespace (the
     same tokens under another key)."""
     rng = random.Random(seed)
-    vocab = vocab or (4 if page_size == 1 else 3)
-    max_pages = max(12, device_tokens // 3) if page_size == 1 else max(1, (device_tokens // page_size) // 2)
-    pool: list[tuple] = []                # (tokens, extra)
+    pool = _Pool(rng, page_size, device_tokens, vocab, extra_keys)
     held: list[int] = []
     next_h = 0
     ops: list[dict] = []
@@ -211,22 +229,10 @@ def generate_radix(seed: int, length: int, *, page_size: int = 1, device_tokens:
     while len(ops) < length:
         kind = rng.choices(names, w)[0]
         if kind in ("insert", "match", "lock"):
-            if kind == "insert" or not pool or rng.random() < 0.2:
-                tokens = _sequence(rng, [t for t, _ in pool], page_size, max_pages, vocab)
-                extra = rng.choice(["a", "b"]) if extra_keys and rng.random() < 0.2 else None
-            else:
-                base, extra = rng.choice(pool)
-                r = rng.random()
-                tokens = (list(base) if r < 0.5 else
-                          list(base) + [rng.randrange(vocab) for _ in range(rng.randint(1, 2 * page_size))]
-                          if r < 0.75 else base[:rng.randint(1, len(base))])
-                if extra_keys and rng.random() < 0.1:
-                    extra = None if extra is not None else "a"     # the same tokens, another namespace
-            op = {"op": kind, "tokens": tokens}
-            if extra is not None:
-                op["extra"] = extra
+            tokens, extra = pool.draw(kind, flip=0.1)
+            op = _keyed({"op": kind, "tokens": tokens}, extra)
             if kind == "insert":
-                pool.append((tokens, extra))
+                pool.add(tokens, extra)
                 if rng.random() < 0.25:
                     op["priority"] = rng.randint(0, 2)
                 if rng.random() < 0.15:

@@ -44,7 +44,7 @@ import types
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["CpuDeviceModule", "StandInEvent", "SGLangSide", "DiffConfig", "sglang_available",
+__all__ = ["CpuDeviceModule", "StandInEvent", "SGLangSide", "DiffConfig", "device_tokens_for", "sglang_available",
            "install_stand_ins", "LogicalMonotonic"]
 
 
@@ -82,6 +82,12 @@ class DiffConfig:
                 f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}"
                 + (" need_sort" if self.need_sort else "")
                 + (f" evict={self.eviction_policy}" if self.eviction_policy != "lru" else ""))
+
+
+def device_tokens_for(page_size: int) -> int:
+    """The device pool of a sweep's configuration: 48 tokens at page 1, else 8 pages (the
+    generators' sequences reach about half of it, so inserts and load-backs evict)."""
+    return 48 if page_size == 1 else 8 * page_size
 
 
 def sglang_available() -> tuple[bool, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.differential.sglang_side import DiffConfig, sglang_available
+from tests.differential.sglang_side import DiffConfig, device_tokens_for, sglang_available
 
 _ok, _why = sglang_available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not _ok, reason=_why or "SGLang 0.5.14 not importable")]
@@ -20,17 +20,17 @@ N_SEQUENCES = 4
 LENGTH = 50
 
 CONFIGS = [
-    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, write_policy=pol, layout=lay, io_backend=io)
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), write_policy=pol, layout=lay, io_backend=io)
     for ps in (1, 64)
     for pol in ("write_through", "write_through_selective", "write_back")
     for lay, io in (("layer_first", "kernel"), ("page_first_direct", "direct"))
 ] + [
     # host pool barely larger than the device pool: backups fail, evict_host runs inside them
-    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, write_policy=pol, hicache_ratio=1.1)
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), write_policy=pol, hicache_ratio=1.1)
     for ps in (1, 64) for pol in ("write_through", "write_back")
 ] + [
     # allocators with need_sort (PD disaggregation): frees go to release_pages, merged sorted
-    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, layout="page_first", need_sort=True)
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), layout="page_first", need_sort=True)
     for ps in (1, 64)
 ] + [
     # DSA: SGLang's DSATokenToKVPool + HostPoolGroup (latent anchor, index-K sidecar) +
@@ -44,7 +44,7 @@ CONFIGS = [
     for e in ("lfu", "fifo", "mru", "filo", "priority", "slru")
 ] + [
     # the incident's HiCache page (256 tokens), and a page of 16
-    DiffConfig(page_size=ps, device_tokens=8 * ps, write_policy=pol, layout=lay, io_backend=io)
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), write_policy=pol, layout=lay, io_backend=io)
     for ps, pol, lay, io in ((256, "write_through", "page_first", "kernel"),
                              (256, "write_back", "page_first_direct", "direct"),
                              (16, "write_through_selective", "layer_first", "kernel"))
@@ -252,12 +252,12 @@ def test_f3_past_f2_the_caches_still_agree(seed, cfg):
 #: kvrace's engine then) caches in; every eviction policy, page 1 and 64, EAGLE bigram keys,
 #: need_sort
 RADIX_CONFIGS = [
-    DiffConfig(page_size=ps, device_tokens=48 if ps == 1 else 512, hicache=False, eviction_policy=e,
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), hicache=False, eviction_policy=e,
                is_eagle=eagle, need_sort=sort)
     for ps in (1, 64)
     for e in ("lru", "lfu", "fifo", "mru", "filo", "priority", "slru")
     for eagle, sort in ((False, False), (True, e == "lru"))
-] + [DiffConfig(page_size=256, device_tokens=2048, hicache=False, is_eagle=eagle) for eagle in (False, True)]
+] + [DiffConfig(page_size=256, device_tokens=device_tokens_for(256), hicache=False, is_eagle=eagle) for eagle in (False, True)]
 
 
 @pytest.mark.parametrize("cfg", RADIX_CONFIGS, ids=_id)
