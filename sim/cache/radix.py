@@ -386,6 +386,88 @@ class RadixCache:
             node = node.parent
         return DecLockRefResult(delta=delta)
 
+    def cache_finished_req(self, req, is_insert: bool = True) -> None:
+        """Cache a finished request (SGLang's ``cache_finished_req``): its committed tokens
+        (``req.pop_committed_kv_cache()``), page-aligned (bigram with EAGLE), enter the tree
+        with the slots of its ``req_to_token`` row; the slots the tree already had
+        (``[cache_protected_len, prefix_len)``) and the unaligned tail are freed; the
+        request's lock on ``req.last_node`` is released.  With ``is_insert`` False (or
+        ``disable_finished_insert``) nothing is inserted and the request's own slots past
+        ``cache_protected_len`` are freed.  With the cache disabled every committed slot
+        is freed.  The request's row itself is the caller's to free
+        (``ReqToTokenPool.free``)."""
+        if self.disable_finished_insert:
+            is_insert = False
+        kv_committed_len = req.pop_committed_kv_cache()
+        row = self._req_row(req, "cache_finished_req")
+        free = self.token_to_kv_pool_allocator.free
+        if self.disable:
+            free(row[:kv_committed_len])
+            return
+        token_ids = req.full_untruncated_fill_ids[:kv_committed_len]
+        kv_indices = row[: len(token_ids)]
+        radix_key = RadixKey(token_ids, req.extra_key, is_bigram=self.is_eagle).page_aligned(self.page_size)
+        key_len = len(radix_key)
+        values = kv_indices[:key_len].astype(np.int64)
+        if is_insert:
+            result = self.insert(InsertParams(key=radix_key, value=values, priority=getattr(req, "priority", 0) or 0))
+            # the duplicates: the tree already had those tokens, under its own slots
+            free(kv_indices[req.cache_protected_len: result.prefix_len])
+        else:
+            free(kv_indices[req.cache_protected_len: key_len])
+        free(kv_indices[key_len:])          # the unaligned tail
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        """Cache a running request's computed tokens (SGLang's ``cache_unfinished_req``:
+        between chunks of a chunked prefill, and where a request's KV must be in the tree while
+        it runs): ``req.get_fill_ids()``, page-aligned, enter the tree with its row's slots;
+        the duplicates ``[cache_protected_len, prefix_len)`` are freed; the key is matched
+        again and the tree's slots written into the row; ``cache_protected_len`` becomes the
+        key's length; the lock moves from ``req.last_node`` to the new last node;
+        ``prefix_indices`` becomes the tree's slots plus the row's slots past them (the
+        partial page, which the request still owns)."""
+        if self.disable:
+            return
+        row = self._req_row(req, "cache_unfinished_req")
+        token_ids = req.get_fill_ids()
+        kv_indices = row[: len(token_ids)]
+        radix_key = RadixKey(token_ids, req.extra_key, is_bigram=self.is_eagle).page_aligned(self.page_size)
+        values = kv_indices[: len(radix_key)].astype(np.int64)
+        result = self.insert(InsertParams(key=radix_key, value=values, chunked=chunked,
+                                          priority=getattr(req, "priority", 0) or 0))
+        self.token_to_kv_pool_allocator.free(kv_indices[req.cache_protected_len: result.prefix_len])
+        # NOTE: the tree's slots may differ from the row's where another request inserted the
+        # same tokens first: the request continues on the tree's
+        match = self.match_prefix(MatchPrefixParams(key=radix_key))
+        new_indices, new_last_node = match.device_indices, match.last_device_node
+        if len(new_indices) != len(radix_key):
+            raise CacheAssertionError(f"request {req.rid!r}: {len(new_indices)} device slots matched right after "
+                                      f"inserting {len(radix_key)} tokens (SGLang asserts they are equal)")
+        protected = req.cache_protected_len
+        self.req_to_token_pool.write((req.req_pool_idx, slice(protected, len(new_indices))), new_indices[protected:])
+        req.cache_protected_len = len(new_indices)
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(new_last_node)
+        if len(new_indices) < len(kv_indices):
+            req.prefix_indices = np.concatenate([new_indices, kv_indices[len(new_indices):].astype(np.int64)])
+        else:
+            req.prefix_indices = new_indices
+        req.last_node = new_last_node
+
+    def _req_row(self, req, what: str) -> np.ndarray:
+        """The ``req_to_token`` row of ``req`` (a view), or an error that says what is missing."""
+        pool = self.req_to_token_pool
+        if pool is None:
+            raise InputError("req_to_token_pool", f"{what} reads the request's slots from the request-to-token "
+                                                  "table: build the cache with CacheInitParams(req_to_token_pool="
+                                                  "ReqToTokenPool(...))")
+        if req.req_pool_idx is None:
+            raise InputError("req.req_pool_idx", f"{what}: request {req.rid!r} holds no row of the request-to-token "
+                                                 "table (ReqToTokenPool.alloc([req]) first)")
+        return pool.req_to_token[req.req_pool_idx]
+
     def evictable_size(self) -> int:
         """Device tokens in unlocked nodes."""
         return self.evictable_size_

@@ -37,8 +37,9 @@ def empty_indices() -> np.ndarray:
 class CacheInitParams:
     """What a radix cache is built from (SGLang ``CacheInitParams``, the fields a full-KV
     cache reads).  ``token_to_kv_pool_allocator`` is the device allocator the tree frees
-    evicted slots into; ``req_to_token_pool`` is kept for SGLang's shape and is not used by
-    the tree itself."""
+    evicted slots into; ``req_to_token_pool`` (a ``sim.pools.ReqToTokenPool``) is the table
+    ``cache_finished_req`` / ``cache_unfinished_req`` read a request's slots from (the other
+    methods do not use it)."""
 
     disable: bool = False
     req_to_token_pool: Any = None

@@ -43,7 +43,7 @@ from sim.errors import InputError, KvraceError, check_keys, show
 from sim.executor import KEEP_MODES, Executor, Host, RunResult, TieBreak
 from sim.pools import (
     DeepSeekV4TokenToKVPool, DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost,
-    PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, resolve_layout_io_compatibility,
+    PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator, resolve_layout_io_compatibility,
 )
 from sim.pools.device import DEEPSEEK_V4_FLASH_LAYERS, deepseek_v4_flash_ratios
 from sim.pools.host import IO_BACKENDS, PARTIAL_PAGE_MODES
@@ -127,6 +127,9 @@ class SessionConfig:
       allocator, and per rank its own device and host buffers, streams, events and link
       (rank ``r`` on device ``r``, names suffixed ``@r``); every op the session and its
       controller issue is issued on each rank, and a blocking call waits for every rank.
+    * ``max_running_requests`` (64; SGLang derives its own from memory): rows of the session's
+      request-to-token table (``session.req_to_token_pool``, each ``device_tokens`` long), which
+      ``cache_finished_req`` / ``cache_unfinished_req`` read a request's slots from.
     """
 
     model: str = "mla"
@@ -158,6 +161,7 @@ class SessionConfig:
     keep: str = "all"
     digest: bool = True
     ranks: int = 1
+    max_running_requests: int = 64
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SessionConfig":
@@ -210,6 +214,7 @@ class SessionConfig:
         need(self.ties in ("fifo", "seeded"), "ties", "'fifo' or 'seeded'")
         need(self.keep in KEEP_MODES, "keep", f"one of {list(KEEP_MODES)}")
         need(is_int(self.ranks, 1), "ranks", "an integer >= 1")
+        need(is_int(self.max_running_requests, 1), "max_running_requests", "an integer >= 1")
         need(self.model != "deepseek-v4" or self.hicache_size == 0, "hicache_size",
              "0 for model 'deepseek-v4' (SGLang's V4 HiCache does not support --hicache-size; use hicache_ratio)")
         need(self.index_k_dtype in ("fp8", "bf16"), "index_k_dtype", "'fp8' or 'bf16'")
@@ -270,7 +275,7 @@ class CacheSession:
     """The HiCache model driven from plain Python (see the module doc).
 
     Attributes: ``config`` (the :class:`SessionConfig`, layout and io backend as resolved),
-    ``device_pool``, ``allocator``, ``host_pool``, ``controller``, ``tree`` (the
+    ``device_pool``, ``allocator``, ``req_to_token_pool``, ``host_pool``, ``controller``, ``tree`` (the
     ``HiRadixCache``), ``cache`` (the same tree, each call settled), ``host`` (the scheduler's
     :class:`~sim.executor.Host`), ``header`` (the run's schedule header)."""
 
@@ -288,6 +293,7 @@ class CacheSession:
         self.device_pool, self.host_pool = self._pools(cfg)
         alloc_cls = TokenToKVPoolAllocator if cfg.page_size == 1 else PagedTokenToKVPoolAllocator
         self.allocator = alloc_cls(cfg.device_tokens, cfg.page_size, self.device_pool)
+        self.req_to_token_pool = ReqToTokenPool(cfg.max_running_requests, cfg.device_tokens)
         current = "schedule" if cfg.overlap else "forward"
         header = {
             "kvrace_schedule": 2, "name": "cache_session",
@@ -347,7 +353,8 @@ class CacheSession:
         from sim.cache.hiradix import HiRadixCache
         from sim.cache.records import CacheInitParams
 
-        return HiRadixCache(CacheInitParams(page_size=cfg.page_size), self.controller,
+        return HiRadixCache(CacheInitParams(page_size=cfg.page_size, req_to_token_pool=self.req_to_token_pool),
+                            self.controller,
                             load_back_threshold=cfg.load_back_threshold,
                             host_lock_during_load=cfg.host_lock_during_load)
 

@@ -8,6 +8,7 @@ from sim.pools.allocator import (  # noqa: F401
     BaseTokenToKVPoolAllocator, MissingIndicesError, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator,
     get_num_new_pages,
 )
+from sim.pools.req_to_token import ReqPoolError, ReqToTokenPool  # noqa: F401
 from sim.pools.device import (  # noqa: F401
     DeepSeekV4IndexerPool, DeepSeekV4SingleKVPool, DeepSeekV4TokenToKVPool, DSATokenToKVPool, KVCache,
     MLATokenToKVPool, POOL_ROLE_OF_KIND, buffer_decl, deepseek_v4_flash_ratios,
