@@ -2,7 +2,12 @@
 
     PYTHONPATH=/path/to/sglang/python:. python benchmarks/differential_cache.py \\
         [--sequences K] [--length N] [--seed S] [--page-size 1|16|64|256 ...] [--policy P ...] \\
-        [--layout L/IO ...] [--radix] [--no-shrink] [--all]
+        [--layout L/IO ...] [--radix] [--requests] [--no-shrink] [--all]
+
+``--requests`` draws request sequences (``generate_requests``) instead: admissions (with
+host hits loaded back), chunked prefill through ``cache_unfinished_req``, decode steps and
+``cache_finished_req``, each side with its own ``Req`` and ``ReqToTokenPool``; with
+``--radix`` on the plain ``RadixCache``.
 
 ``--radix`` compares the plain ``RadixCache`` (HiCache off) instead: every chosen page size
 and eviction policy, with and without EAGLE bigram keys, on ``generate_radix`` sequences
@@ -123,6 +128,8 @@ def main(argv=None) -> int:
                     help="a fifth of the sequences namespaced by an extra_key (always so with --radix)")
     ap.add_argument("--radix", action="store_true",
                     help="the plain RadixCache (HiCache off), with and without EAGLE bigram keys")
+    ap.add_argument("--requests", action="store_true",
+                    help="request sequences: cache_unfinished_req / cache_finished_req with Req and ReqToTokenPool")
     args = ap.parse_args(argv)
 
     from tests.differential.sglang_side import DiffConfig, device_tokens_for, sglang_available
@@ -132,7 +139,7 @@ def main(argv=None) -> int:
         print(why, file=sys.stderr)
         return 2
     from tests.differential.compare import run_pair
-    from tests.differential.ops import SCENARIOS, generate, generate_radix
+    from tests.differential.ops import SCENARIOS, generate, generate_radix, generate_requests
 
     def configs():
         if args.radix:
@@ -150,6 +157,9 @@ def main(argv=None) -> int:
                                  eviction_policy=evp)
 
     def sequence(cfg, seed) -> list[dict]:
+        if args.requests:
+            return generate_requests(seed, args.length, page_size=cfg.page_size, device_tokens=cfg.device_tokens,
+                                     hicache=cfg.hicache)
         if not cfg.hicache:
             return generate_radix(seed, args.length, page_size=cfg.page_size, device_tokens=cfg.device_tokens)
         return generate(seed, args.length, page_size=cfg.page_size, device_tokens=cfg.device_tokens,

@@ -25,6 +25,10 @@ An observation is a dict of plain data:
   ``ongoing_load_back``: sorted paths;
 * ``acks``: per queue, each ack's (done, node paths of its node ids);
   ``load_queue`` / ``write_queue`` lengths, ``producer_index``, producer slots done;
+* ``requests`` (while the request ops run any): per running request, by number, its row
+  (``req_pool_idx``), ``fill_len``, ``kv_committed_len``, ``cache_protected_len``,
+  ``prefix_indices``, ``last_node``'s path and its row's slots up to its longer length;
+  ``req_free``: the request-to-token table's free rows in order;
 * ``device_free``: ``free_pages`` and ``release_pages`` in order, ``available_size``;
   ``host_free``: ``free_slots`` in order, ``available_size``;
 * ``result``: the op's result (``SideDriver.apply``); ``moves``: the slots the op moved
@@ -117,6 +121,15 @@ def observe(side, result=None, moves=None) -> dict:
         "device_free": {"free_pages": _lst(side, alloc.free_pages), "release_pages": _lst(side, alloc.release_pages),
                         "available_size": int(alloc.available_size())},
     }
+    reqs = getattr(side, "reqs", None)
+    if reqs:
+        obs["requests"] = [
+            [n, q.req_pool_idx, int(q.fill_len), int(q.kv_committed_len), int(q.cache_protected_len),
+             _lst(side, q.prefix_indices), pname(q.last_node),
+             _lst(side, side.req_pool.req_to_token[q.req_pool_idx, :max(q.fill_len, q.kv_committed_len)])]
+            for n, q in sorted(reqs.items())]
+    if getattr(side, "req_pool", None) is not None:
+        obs["req_free"] = [int(i) for i in side.req_pool.free_slots]
     ctl = getattr(cache, "cache_controller", None)
     if ctl is None:              # the plain RadixCache: no host tier to observe
         return obs

@@ -16,7 +16,7 @@ from typing import Optional
 
 import numpy as np
 
-from tests.differential.sglang_side import DiffConfig
+from tests.differential.sglang_side import DiffConfig, wrap_paged
 
 __all__ = ["KvraceSide"]
 
@@ -39,7 +39,7 @@ class KvraceSide:
         self.session = CacheSession({
             "model": cfg.model, "layers": cfg.layers, "page_size": cfg.page_size, "device_tokens": cfg.device_tokens,
             "hicache_ratio": cfg.hicache_ratio, "layout": cfg.layout, "io_backend": cfg.io_backend,
-            "write_policy": cfg.write_policy, "materialise": False,
+            "write_policy": cfg.write_policy, "materialise": False, "max_running_requests": cfg.req_rows,
             **({"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
                if cfg.model == "mla" else {})})
         self.allocator = self.session.allocator
@@ -50,14 +50,17 @@ class KvraceSide:
             # HiCache off: the plain RadixCache over the session's allocator, as the engine
             # builds it (sim.engine.engine) when HiCache is off
             from sim.cache.radix import RadixCache
+            from sim.pools import ReqToTokenPool
 
+            self.req_pool = ReqToTokenPool(cfg.req_rows, cfg.device_tokens)
             self.cache = self.tree = RadixCache(records.CacheInitParams(
                 page_size=cfg.page_size, token_to_kv_pool_allocator=self.allocator,
-                eviction_policy=cfg.eviction_policy, is_eagle=cfg.is_eagle))
+                eviction_policy=cfg.eviction_policy, is_eagle=cfg.is_eagle, req_to_token_pool=self.req_pool))
             self.controller = self.host_pool = None
             self._wrap()
             return
         self.cache = self.session.cache          # settled calls
+        self.req_pool = self.session.req_to_token_pool
         self.tree = self.session.tree
         self.controller = self.session.controller
         self.host_pool = self.session.host_pool
@@ -86,6 +89,7 @@ class KvraceSide:
 
         self.allocator.alloc = dev_alloc
         self.allocator.free = dev_free
+        wrap_paged(self.allocator, moves, _to_list)
         if self.host_pool is None:
             return
         halloc, hfree = self.host_pool.alloc, self.host_pool.free
@@ -123,6 +127,23 @@ class KvraceSide:
     # -------------------------------------------------------------- adapters
     def key(self, tokens, extra_key=None, is_bigram: bool = False):
         return self.RadixKey(np.asarray([int(t) for t in tokens], dtype=np.int64), extra_key, is_bigram=is_bigram)
+
+    @staticmethod
+    def new_req(rid: str, tokens, extra_key=None, priority=None):
+        from sim.cache.req import Req
+
+        return Req(rid, tokens, extra_key=extra_key, priority=priority)
+
+    def init_round(self, req) -> None:
+        req.init_next_round_input(self.cache)
+
+    @staticmethod
+    def ints(values):
+        return np.asarray(values, dtype=np.int64)
+
+    @staticmethod
+    def cat(a, b):
+        return np.concatenate([np.asarray(a, np.int64), np.asarray(b, np.int64)])
 
     @staticmethod
     def as_list(a) -> Optional[list[int]]:

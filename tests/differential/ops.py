@@ -36,6 +36,29 @@ Ops ``insert``, ``match``, ``lock`` and ``load`` take an optional ``"extra"``: t
 :func:`generate_radix` draws sequences for the plain ``RadixCache`` (HiCache off): inserts,
 matches, locks, unlocks, evictions and flushes only.
 
+Request ops (:func:`generate_requests`) run a request's life through the cache's own
+``cache_unfinished_req`` / ``cache_finished_req``, each side with its own ``Req`` (SGLang's
+``schedule_batch.Req``) and ``ReqToTokenPool``, the steps between them as SGLang's scheduler
+takes them (``PrefillAdder.add_one_req`` / ``add_chunked_req``, ``alloc_for_extend`` /
+``alloc_for_decode``):
+
+* ``{"op": "admit", "r": n, "tokens": [...]}`` (optional ``"extra"``, ``"priority"``,
+  ``"chunk"``: a multiple of the page size): ``req.init_next_round_input(cache)`` (the match,
+  at most ``len - 1`` tokens); under a lock of its ``last_node``, a host hit is loaded back
+  (``init_load_back``: ``prefix_indices`` grows, ``cache_protected_len`` with it) and the
+  request's own lock taken (``inc_lock_ref(req.last_node)``); a row
+  (``req_to_token_pool.alloc``), then the slots of ``[len(prefix_indices), fill_len)``
+  (``evict`` first when short; ``alloc`` at page 1, else ``alloc_extend`` from the prefix's
+  last slot) written into the row with the prefix; ``fill_len`` is the whole sequence, or
+  ``len(prefix_indices) + chunk`` when that is shorter; ``kv_committed_len = fill_len``.
+* ``{"op": "chunk", "r": n}``: ``cache_unfinished_req(req, chunked=True)``, then the next
+  chunk's slots as above (from ``len(prefix_indices)``).
+* ``{"op": "decode", "r": n, "tokens": [...]}``: per token, ``output_ids`` grows, one slot
+  (``alloc`` / ``alloc_decode`` from the row's last slot) is written at the token's position,
+  ``kv_committed_len += 1``.
+* ``{"op": "unfinished", "r": n}``: ``cache_unfinished_req(req)`` (not chunked).
+* ``{"op": "finish", "r": n}``: ``cache_finished_req(req)``, then ``req_to_token_pool.free(req)``.
+
 The generator keeps handles consistent (an unlock names a held handle) and makes
 sequences share prefixes so that matches split nodes.  Lock and load take their lock right
 after their own match, as the scheduler does, so a handle never names a deleted node.
@@ -45,13 +68,15 @@ from __future__ import annotations
 import random
 from typing import Optional
 
-__all__ = ["generate", "generate_radix", "SideDriver", "error_family", "OPS", "RADIX_OPS", "SCENARIOS", "scenario_fourth_load",
+__all__ = ["generate", "generate_radix", "generate_requests", "SideDriver", "error_family", "OPS", "RADIX_OPS", "REQUEST_OPS", "SCENARIOS", "scenario_fourth_load",
            "scenario_split_pending_backup", "scenario_load_back_evicts_its_source"]
 
 OPS = ("insert", "match", "lock", "load", "unlock", "ready", "evict", "evict_host", "writing_check",
        "loading_check", "check_events", "consumer_check", "flush", "complete", "complete_all")
 #: the ops of the plain RadixCache (no host tier)
 RADIX_OPS = ("insert", "match", "lock", "unlock", "evict", "flush")
+#: the ops of a request's life (``generate_requests``)
+REQUEST_OPS = ("admit", "chunk", "decode", "unfinished", "finish")
 
 
 def error_family(e: BaseException) -> str:
@@ -259,6 +284,88 @@ def generate_radix(seed: int, length: int, *, page_size: int = 1, device_tokens:
     return ops
 
 
+def generate_requests(seed: int, length: int, *, page_size: int = 1, device_tokens: int = 32, hicache: bool = True,
+                      extra_keys: bool = True, rows: int = 3, vocab: Optional[int] = None) -> list[dict]:
+    """``length`` random ops (seeded) of requests running through the cache: up to ``rows``
+    requests at once are admitted (a third of them chunked, in chunks of one or two pages),
+    decode a few tokens, are cached unfinished now and then and finish; between them
+    matches and evictions, and with ``hicache`` the host tier's ops (acks completing and
+    polled, load-backs started, host evictions), so that admissions hit on the host and
+    load back.  Every request finishes and, with ``hicache``, everything settles by the end."""
+    rng = random.Random(seed)
+    pool = _Pool(rng, page_size, device_tokens, vocab, extra_keys)
+    live: dict[int, dict] = {}          # request number -> {"left": prompt tokens still to fill}
+    next_r = 0
+    ops: list[dict] = []
+    weights = {"admit": 5, "chunk": 4, "decode": 4, "unfinished": 1, "finish": 4, "match": 1, "evict": 2,
+               "flush": 0.2}
+    if hicache:
+        weights.update({"ready": 3, "complete": 4, "check_events": 3, "evict_host": 1, "writing_check": 1,
+                        "loading_check": 1, "consumer_check": 1, "revisit": 2})
+    names = list(weights)
+    w = [weights[n] for n in names]
+    while len(ops) < length:
+        kind = rng.choices(names, w)[0]
+        if kind in ("admit", "revisit"):
+            if len(live) >= rows or (kind == "revisit" and not pool.tokens):
+                continue
+            if kind == "revisit":
+                # a conversation's next turn after its KV went to the host: the backups land
+                # and are polled, the device is evicted, the session comes back with more
+                base, extra = pool.pick()
+                tokens = list(base) + [rng.randrange(pool.vocab) for _ in range(rng.randint(1, 2 * page_size))]
+                ops += [{"op": "complete", "queue": "write", "count": 2}, {"op": "check_events"},
+                        {"op": "evict", "n": device_tokens}]
+            else:
+                tokens, extra = pool.draw("insert" if rng.random() < 0.4 else "match")
+            pool.add(tokens, extra)
+            op = _keyed({"op": "admit", "r": next_r, "tokens": tokens}, extra)
+            if rng.random() < 0.2:
+                op["priority"] = rng.randint(0, 2)
+            chunked = rng.random() < 0.35 and len(tokens) > page_size
+            if chunked:
+                op["chunk"] = page_size * rng.randint(1, 2)
+            live[next_r] = {"chunked": chunked}
+            next_r += 1
+            ops.append(op)
+        elif kind in ("chunk", "decode", "unfinished", "finish"):
+            if not live:
+                continue
+            pick = sorted(r for r in live if live[r]["chunked"]) if kind == "chunk" else sorted(live)
+            if not pick:
+                continue
+            r = rng.choice(pick)
+            if kind == "decode":
+                ops.append({"op": "decode", "r": r, "tokens": [rng.randrange(pool.vocab)
+                                                                  for _ in range(rng.randint(1, 2 * page_size + 1))]})
+            else:
+                ops.append({"op": kind, "r": r})
+                if kind == "finish":
+                    del live[r]
+        elif kind == "match":
+            tokens, extra = pool.draw("match")
+            ops.append(_keyed({"op": "match", "tokens": tokens}, extra))
+        elif kind in ("evict", "evict_host"):
+            ops.append({"op": kind, "n": rng.randint(1, device_tokens)})
+        elif kind == "flush":
+            # flush_cache runs only when no request is running
+            ops += [{"op": "finish", "r": r} for r in sorted(live)]
+            live.clear()
+            if hicache:
+                ops += [{"op": "ready"}, {"op": "complete_all"}, {"op": "check_events"}]
+            ops.append({"op": "flush"})
+        elif kind == "complete":
+            ops.append({"op": "complete", "queue": rng.choice(["write", "load"]), "count": rng.randint(1, 2)})
+            if rng.random() < 0.5:
+                ops.append({"op": "check_events"})
+        else:
+            ops.append({"op": kind})
+    ops += [{"op": "finish", "r": r} for r in sorted(live)]
+    if hicache:
+        ops += [{"op": "ready"}, {"op": "complete_all"}, {"op": "check_events"}]
+    return ops
+
+
 class SideDriver:
     """Applies ops to one side (``SGLangSide`` or ``KvraceSide``): the side gives ``cache``
     (the tree; for kvrace the session's settled tree), ``records`` (a module with
@@ -270,6 +377,9 @@ class SideDriver:
         self.side = side
         self.handles: dict[int, object] = {}
         self.last_producer = -1
+        #: the running requests by number (each side's own ``Req``), read by ``compare.observe``
+        side.reqs = self.reqs = {}
+        self.chunks: dict[int, int] = {}
 
     def _path(self, node) -> tuple:
         from tests.differential.compare import edge
@@ -291,6 +401,8 @@ class SideDriver:
     def _apply(self, op: dict):
         s, c, r = self.side, self.side.cache, self.side.records
         kind = op["op"]
+        if kind in REQUEST_OPS:
+            return self._request(op)
         if kind == "insert":
             # NOTE: the key cache_finished_req builds (bigram with EAGLE), so that ``n``, the
             # slots the request holds for it, is its unit count
@@ -366,6 +478,124 @@ class SideDriver:
             s.complete_all()
             return ("ok",)
         raise ValueError(f"unknown op {kind!r}")
+
+    # -------------------------------------------------------------- requests
+    def _request(self, op: dict):
+        s, c, r = self.side, self.side.cache, self.side.records
+        kind, n = op["op"], op["r"]
+        if kind == "admit":
+            req = s.new_req(f"r{n}", op["tokens"], op.get("extra"), op.get("priority"))
+            s.init_round(req)
+            seen = (len(req.prefix_indices), self._path(req.last_node), int(req.host_hit_length))
+            locked = req.last_node
+            c.inc_lock_ref(locked)                      # PrefillAdder._lock_node
+            loaded = None
+            if s.cfg.hicache and req.host_hit_length > 0:
+                new_indices, req.last_node = c.init_load_back(r.InitLoadBackParams(
+                    best_match_node=req.best_match_node, host_hit_length=req.host_hit_length))
+                req.prefix_indices = s.cat(req.prefix_indices, new_indices)
+                req.cache_protected_len = len(req.prefix_indices)
+                loaded = s.as_list(new_indices)
+            c.inc_lock_ref(req.last_node)               # _req_inc_lock_ref
+            c.dec_lock_ref(locked)
+            if s.req_pool.alloc([req]) is None:
+                c.dec_lock_ref(req.last_node)
+                return ("no_row",) + seen
+            full = len(req.origin_input_ids)
+            pre = len(req.prefix_indices)
+            chunk = op.get("chunk")
+            seq = full if chunk is None or pre + chunk >= full else pre + chunk
+            if chunk is not None and seq < full:
+                self.chunks[n] = chunk
+            if not self._extend(req, pre, seq):
+                c.dec_lock_ref(req.last_node)
+                s.req_pool.free(req)
+                return ("no_room",) + seen + (loaded,)
+            self.reqs[n] = req
+            return ("admitted",) + seen + (loaded, int(req.fill_len), int(req.req_pool_idx))
+        req = self.reqs.get(n)
+        if req is None:
+            return ("not_running",)             # its admission found no room
+        if kind == "chunk":
+            full = len(req.origin_input_ids)
+            if req.fill_len >= full:
+                return ("prefilled",)
+            c.cache_unfinished_req(req, chunked=True)
+            pre = len(req.prefix_indices)
+            seq = min(full, pre + self.chunks.get(n, s.cfg.page_size))
+            ok = self._extend(req, pre, seq)
+            return ("chunked", int(req.cache_protected_len), pre, self._path(req.last_node), ok)
+        if kind == "decode":
+            if req.fill_len < len(req.origin_input_ids):
+                return ("prefilling",)
+            done = 0
+            for t in op["tokens"]:
+                if not self._decode_one(req, int(t)):
+                    break
+                done += 1
+            return ("decoded", done)
+        if kind == "unfinished":
+            c.cache_unfinished_req(req)
+            return ("cached", int(req.cache_protected_len), len(req.prefix_indices), self._path(req.last_node))
+        if kind == "finish":
+            del self.reqs[n]
+            self.chunks.pop(n, None)
+            c.cache_finished_req(req)
+            s.req_pool.free(req)
+            return ("finished",)
+        raise ValueError(f"unknown op {kind!r}")
+
+    def _extend(self, req, pre: int, seq: int) -> bool:
+        """``alloc_for_extend`` of one request: slots for tokens ``[pre, seq)`` (evicting first
+        when short, as ``evict_from_tree_cache``), written into its row after its
+        ``prefix_indices``; False (nothing taken) when the pool cannot serve them."""
+        s, c, r = self.side, self.side.cache, self.side.records
+        alloc, page = s.allocator, s.cfg.page_size
+        need = seq - pre
+        if page == 1:
+            if alloc.available_size() < need:
+                c.evict(r.EvictParams(num_tokens=need))
+            out = alloc.alloc(need)
+        else:
+            # NOTE: alloc_paged_token_slots_extend over-estimates: a new page per request
+            if alloc.available_size() < need + page:
+                c.evict(r.EvictParams(num_tokens=need + page))
+            # NOTE: SGLang's Triton kernel reads free_pages past their end when too few are
+            # left (on a GPU it reads garbage and then returns None; in the interpreter it
+            # crashes); the scheduler's budget keeps it from being called so, and so does this
+            if (-(-seq // page) - -(-pre // page)) > len(alloc.free_pages):
+                return False
+            last = int(req.prefix_indices[-1]) if pre else -1
+            out = alloc.alloc_extend(s.ints([pre]), s.ints([pre]), s.ints([seq]), s.ints([seq]), s.ints([last]), need)
+        if out is None:
+            return False
+        s.req_pool.write((req.req_pool_idx, slice(0, pre)), req.prefix_indices)
+        s.req_pool.write((req.req_pool_idx, slice(pre, seq)), out)
+        req.fill_len = seq
+        req.kv_committed_len = req.kv_allocated_len = seq
+        return True
+
+    def _decode_one(self, req, token: int) -> bool:
+        """One decode step of one request (``alloc_for_decode``): the token joins
+        ``output_ids``, its slot is written at its position; False when no slot is left."""
+        s, c, r = self.side, self.side.cache, self.side.records
+        alloc, page = s.allocator, s.cfg.page_size
+        seq = req.kv_committed_len + 1
+        if alloc.available_size() < page:
+            c.evict(r.EvictParams(num_tokens=page))
+        if page == 1:
+            out = alloc.alloc(1)
+        else:
+            if (seq - 1) % page == 0 and not len(alloc.free_pages):
+                return False                    # a new page, none left (NOTE in _extend)
+            last = int(s.req_pool.req_to_token[req.req_pool_idx, seq - 2])
+            out = alloc.alloc_decode(s.ints([seq]), s.ints([seq]), s.ints([last]))
+        if out is None:
+            return False
+        req.output_ids.append(token)
+        s.req_pool.write((req.req_pool_idx, slice(seq - 1, seq)), out)
+        req.kv_committed_len = req.kv_allocated_len = seq
+        return True
 
 
 

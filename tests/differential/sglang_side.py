@@ -32,6 +32,15 @@ Stood in (each one a module attribute or instance attribute replaced by
 5. torch.distributed: not stood in; a real one-rank ``gloo`` group over an in-process
    ``HashStore`` is initialised, since ``HiRadixCache.__init__`` asks the TP group's world
    size.  With one rank SGLang's all-reduces are skipped by its own code.
+6. The global server arguments (``server_args.get_global_server_args()``, set by SGLang's
+   scheduler at start-up), which ``Req.pop_committed_kv_cache`` reads for
+   ``strip_thinking_cache``: a namespace with ``strip_thinking_cache=False`` (SGLang's
+   default), installed only when none is set.
+
+Not stood in: the paged allocator's Triton kernels (``alloc_extend_kernel``,
+``alloc_decode_kernel``) run as shipped, in Triton's interpreter on the CPU
+(``TRITON_INTERPRET=1``, set before SGLang is imported); SGLang's ``Req`` and
+``ReqToTokenPool`` (on ``"cpu"``) are its own.
 
 Server arguments are a plain namespace with the ``hicache_*`` fields ``HiRadixCache``
 reads (no storage backend, no metrics); the eviction policy is ``DiffConfig.eviction_policy``.
@@ -40,12 +49,18 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import types
 from dataclasses import dataclass
 from typing import Optional
 
 __all__ = ["CpuDeviceModule", "StandInEvent", "SGLangSide", "DiffConfig", "device_tokens_for", "sglang_available",
-           "install_stand_ins", "LogicalMonotonic"]
+           "install_stand_ins", "LogicalMonotonic", "wrap_paged"]
+
+
+# NOTE: the paged allocator's Triton kernels run in Triton's interpreter here (no GPU); the
+# variable is read when a kernel is first launched, so it is set before anything imports SGLang
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,8 @@ class DiffConfig:
     hicache: bool = True
     #: EAGLE's bigram keys (``CacheInitParams.is_eagle``); plain RadixCache only
     is_eagle: bool = False
+    #: rows of the request-to-token table (``ReqToTokenPool``; the request ops' requests)
+    req_rows: int = 4
 
     def describe(self) -> str:
         if not self.hicache:
@@ -255,6 +272,10 @@ def install_stand_ins() -> None:
     hiradix_cache.time = clock
     if not dist.is_initialized():
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    from sglang.srt import server_args
+
+    if server_args._global_server_args is None:          # stand-in 6
+        server_args._global_server_args = types.SimpleNamespace(strip_thinking_cache=False)
     _installed["torch"] = torch
 
 
@@ -262,6 +283,22 @@ def _to_list(t) -> list[int] | None:
     # NOTE: None is recorded as None, so the recorder never fails where the real call would
     # not (the call itself then fails as SGLang's does: FINDINGS.md F3)
     return None if t is None else [int(x) for x in t.tolist()]
+
+
+def wrap_paged(allocator, moves: list, to_list) -> None:
+    """Record the slots a paged allocator's ``alloc_extend`` / ``alloc_decode`` hand out (as
+    ``device_alloc`` moves), on either side."""
+    for name in ("alloc_extend", "alloc_decode"):
+        fn = getattr(allocator, name, None)
+        if fn is None or allocator.page_size == 1:
+            continue
+
+        def rec(*args, _fn=fn, **kwargs):
+            out = _fn(*args, **kwargs)
+            if out is not None:
+                moves.append(("device_alloc", to_list(out)))
+            return out
+        setattr(allocator, name, rec)
 
 
 # ---------------------------------------------------------------- the side
@@ -285,7 +322,7 @@ class SGLangSide:
         from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
         from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.hiradix_cache import HiRadixCache
-        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+        from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool, ReqToTokenPool
         from sglang.srt.mem_cache.radix_cache import RadixCache, RadixKey, TreeNode
 
         self.torch = torch
@@ -316,7 +353,8 @@ class SGLangSide:
             self.allocator = PagedTokenToKVPoolAllocator(cfg.device_tokens, cfg.page_size, dtype, "cpu",
                                                          self.device_pool, cfg.need_sort)
         import torch.distributed as dist
-        params = CacheInitParams(disable=False, req_to_token_pool=None,
+        self.req_pool = ReqToTokenPool(cfg.req_rows, cfg.device_tokens, "cpu", False)
+        params = CacheInitParams(disable=False, req_to_token_pool=self.req_pool,
                                  token_to_kv_pool_allocator=self.allocator, page_size=cfg.page_size,
                                  tp_cache_group=dist.group.WORLD, eviction_policy=cfg.eviction_policy,
                                  enable_metrics=False, enable_kv_cache_events=False, is_eagle=cfg.is_eagle)
@@ -354,6 +392,7 @@ class SGLangSide:
 
         self.allocator.alloc = dev_alloc
         self.allocator.free = dev_free
+        wrap_paged(self.allocator, moves, _to_list)
         if self.host_pool is None:
             return
         halloc, hfree = self.host_pool.alloc, self.host_pool.free
@@ -392,6 +431,26 @@ class SGLangSide:
         from array import array
 
         return self.RadixKey(array("q", [int(t) for t in tokens]), extra_key, is_bigram=is_bigram)
+
+    @staticmethod
+    def new_req(rid: str, tokens, extra_key=None, priority=None):
+        """SGLang's own ``Req`` (default sampling parameters)."""
+        from array import array
+
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        return Req(rid, "", array("q", [int(t) for t in tokens]), SamplingParams(), extra_key=extra_key,
+                   priority=priority)
+
+    def init_round(self, req) -> None:
+        req.init_next_round_input(self.cache)
+
+    def ints(self, values):
+        return self.torch.tensor(values, dtype=self.torch.int64)
+
+    def cat(self, a, b):
+        return self.torch.cat([a, b])
 
     @staticmethod
     def as_list(t) -> Optional[list[int]]:

@@ -320,3 +320,99 @@ def test_harness_detects_a_changed_plain_radix_rule(monkeypatch, mutant):
         if run_pair(cfg, generate_radix(seed, 120, page_size=1, device_tokens=48)):
             return
     pytest.fail(f"no sequence told the {mutant} mutant apart")
+
+
+# ---------------------------------------------------------------- requests: cache_unfinished_req / cache_finished_req
+
+#: a request's life through both caches (``ops.generate_requests``): SGLang's own ``Req`` and
+#: ``ReqToTokenPool`` on its side, kvrace's on the other; HiCache on and off, chunked prefill,
+#: decode, EAGLE, page 1 to 256 (the paged allocator's Triton kernels run in Triton's interpreter)
+REQUEST_CONFIGS = [
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), hicache=False, is_eagle=eagle)
+    for ps in (1, 16, 64) for eagle in (False, True)
+] + [
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), write_policy=pol, layout=lay, io_backend=io)
+    for ps, pol, lay, io in ((1, "write_through", "layer_first", "kernel"),
+                             (1, "write_back", "page_first_direct", "direct"),
+                             (16, "write_through_selective", "page_first", "kernel"),
+                             (64, "write_through", "page_first", "kernel"),
+                             (256, "write_back", "page_first", "kernel"))
+] + [
+    DiffConfig(page_size=1, device_tokens=48, write_policy="write_through", hicache_ratio=1.1),
+    DiffConfig(model="dsa", page_size=64, device_tokens=512, layout="page_first"),
+]
+
+
+@pytest.mark.parametrize("cfg", REQUEST_CONFIGS, ids=_id)
+def test_requests_agree_op_by_op(cfg):
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate_requests
+
+    for seed in range(N_SEQUENCES):
+        ops = generate_requests(seed, 3 * LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens,
+                                hicache=cfg.hicache)
+        res = run_pair(cfg, ops)
+        assert not res, _report(cfg, ops, res[0])
+
+
+def test_request_side_is_sglangs_req_and_pool():
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    from tests.differential.sglang_side import SGLangSide
+
+    side = SGLangSide(DiffConfig())
+    assert type(side.new_req("r", [1, 2])) is Req
+    assert type(side.req_pool) is ReqToTokenPool and side.cache.req_to_token_pool is side.req_pool
+
+
+@pytest.mark.parametrize("mutant", ["tail_kept", "row_not_rewritten", "lock_not_moved"])
+def test_harness_detects_a_changed_request_rule(monkeypatch, mutant):
+    """The request comparison can fail: a kvrace cache that keeps a finished request's
+    unaligned tail (its last free skipped), one whose ``cache_unfinished_req`` leaves the row
+    on the request's own slots, or one that moves the lock to the root instead of the new last
+    node, diverges on some sequence."""
+    import sys
+
+    from sim.cache.radix import RadixCache
+    from sim.pools.req_to_token import ReqToTokenPool
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate_requests
+
+    def called_from(name: str) -> bool:
+        return sys._getframe(2).f_code.co_name == name
+
+    if mutant == "tail_kept":
+        real = RadixCache.cache_finished_req
+
+        def finished(self, req, is_insert=True):
+            alloc, calls = self.token_to_kv_pool_allocator, []
+            real_free = alloc.free
+            alloc.free = calls.append
+            try:
+                real(self, req, is_insert)
+            finally:
+                alloc.free = real_free
+            for idx in calls[:-1]:                   # the last free, the tail's, is dropped
+                real_free(idx)
+        monkeypatch.setattr(RadixCache, "cache_finished_req", finished)
+    elif mutant == "row_not_rewritten":
+        real_write = ReqToTokenPool.write
+
+        def write(self, indices, values):
+            if not called_from("cache_unfinished_req"):
+                real_write(self, indices, values)
+        monkeypatch.setattr(ReqToTokenPool, "write", write)
+    else:
+        real_inc = RadixCache.inc_lock_ref
+
+        def inc(self, node):
+            return real_inc(self, self.root_node if called_from("cache_unfinished_req") else node)
+        monkeypatch.setattr(RadixCache, "inc_lock_ref", inc)
+    for ps in (4, 16):
+        cfg = DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), hicache=False)
+        for seed in range(10):
+            if run_pair(cfg, generate_requests(seed, 150, page_size=ps, device_tokens=cfg.device_tokens,
+                                               hicache=False)):
+                return
+    pytest.fail(f"no sequence told the {mutant} mutant apart")
