@@ -248,3 +248,28 @@ def test_a_session_caches_requests_through_hicache():
     assert s.controller.writes_started >= 1
     with pytest.raises(InputError, match="max_running_requests"):
         CacheSession({"max_running_requests": 0})
+
+
+def test_records_take_sglangs_call_shapes():
+    """Code written against SGLang's caches builds kvrace's records unchanged: the fields the
+    full-attention caches ignore (Mamba, SWA, process groups, metrics) are accepted, with
+    SGLang's defaults, and change nothing."""
+    from sim.cache import EvictParams
+    from sim.cache.records import IncLockRefResult
+
+    alloc = TokenToKVPoolAllocator(32)
+    cache = RadixCache(CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=alloc,
+                                       page_size=1, tp_cache_group=None, eviction_policy="lru",
+                                       enable_metrics=False, enable_kv_cache_events=False, pp_rank=0, pp_size=1))
+    slots = alloc.alloc(4)
+    res = cache.insert(InsertParams(key=RadixKey([1, 2, 3, 4]), value=slots, prev_prefix_len=0,
+                                    swa_evicted_seqlen=0, chunked=False, priority=0))
+    assert res.prefix_len == 0 and res.mamba_exist is False
+    m = cache.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 9]), cow_mamba=False, req=None))
+    assert m.device_indices.tolist() == slots[:3].tolist() and m.swa_host_hit_length == 0
+    assert m.cache_protected_len is None
+    lock = cache.inc_lock_ref(m.last_device_node)
+    assert isinstance(lock, IncLockRefResult) and lock.to_dec_params().swa_uuid_for_lock is None
+    cache.dec_lock_ref(m.last_device_node, lock.to_dec_params())
+    out = cache.evict(EvictParams(num_tokens=4, swa_num_tokens=0, mamba_num=0))
+    assert out.num_tokens_evicted == 4 and out.swa_num_tokens_evicted == 0

@@ -66,12 +66,12 @@ class HiRadixCache(RadixCache):
     the hit threshold and the controller's attribute for the rest; they are one value there).
     ``load_back_threshold``: loads shorter than this many tokens are skipped (10).
     ``all_reduce_min``: the TP/CP all-reduce MIN of ``writing_check`` / ``loading_check``,
-    ``int -> int`` (default: identity, one rank).  ``pp_rank``: ranks other than 0 count no
-    acks themselves and take the reduced count.  ``clock``: the logical clock."""
+    ``int -> int`` (default: identity, one rank).  ``pp_rank`` (None: ``params.pp_rank``, as
+    SGLang reads it): ranks other than 0 count no acks themselves and take the reduced count.  ``clock``: the logical clock."""
 
     def __init__(self, params: CacheInitParams, cache_controller, *, write_policy: Optional[str] = None,
                  load_back_threshold: int = 10, all_reduce_min: Optional[Callable[[int], int]] = None,
-                 pp_rank: int = 0, clock=None, host_lock_during_load: bool = True):
+                 pp_rank: Optional[int] = None, clock=None, host_lock_during_load: bool = True):
         policy = cache_controller.write_policy
         if policy not in WRITE_POLICIES:
             raise InputError("cache_controller.write_policy", f"expected one of {list(WRITE_POLICIES)}, got {show(policy)}")
@@ -88,7 +88,7 @@ class HiRadixCache(RadixCache):
                                                  f"{cache_controller.page_size}, got {show(params.page_size)}")
         self.cache_controller = cache_controller
         self.token_to_kv_pool_host = cache_controller.mem_pool_host
-        self.pp_rank = pp_rank
+        self.pp_rank = params.pp_rank if pp_rank is None else pp_rank
         self.all_reduce_min = all_reduce_min if all_reduce_min is not None else _single_rank
         self.enable_storage = False
         #: node id -> (node whose lock the ack releases, backed-up length, nodes it covers)

@@ -97,13 +97,14 @@ class Req:
         self.kv_committed_freed = True
         return self.kv_committed_len
 
-    def init_next_round_input(self, tree_cache=None) -> None:
+    def init_next_round_input(self, tree_cache=None, cow_mamba: Optional[bool] = None) -> None:
         """Match the request's tokens in ``tree_cache`` before it is scheduled (SGLang's
         ``init_next_round_input``): at most ``len - 1`` tokens may match (one is always
         computed, for its logits), under the request's ``extra_key``; sets ``prefix_indices``,
         ``last_node``, ``last_host_node``, ``best_match_node``, ``host_hit_length``,
-        ``cache_protected_len = len(prefix_indices)`` and ``extend_input_len``.  Without a
-        cache nothing matches."""
+        ``cache_protected_len`` (the match's, else ``len(prefix_indices)``) and
+        ``extend_input_len``.  Without a cache nothing matches; ``cow_mamba`` (Mamba's) is
+        ignored."""
         full = self.full_untruncated_fill_ids
         if tree_cache is not None:
             m = tree_cache.match_prefix(MatchPrefixParams(
@@ -111,5 +112,6 @@ class Req:
             self.prefix_indices = m.device_indices
             self.last_node, self.last_host_node = m.last_device_node, m.last_host_node
             self.best_match_node, self.host_hit_length = m.best_match_node, int(m.host_hit_length)
-            self.cache_protected_len = len(self.prefix_indices)
+            self.cache_protected_len = (len(self.prefix_indices) if m.cache_protected_len is None
+                                        else m.cache_protected_len)
         self.extend_input_len = len(full) - len(self.prefix_indices)

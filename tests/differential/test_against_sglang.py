@@ -416,3 +416,28 @@ def test_harness_detects_a_changed_request_rule(monkeypatch, mutant):
                                                hicache=False)):
                 return
     pytest.fail(f"no sequence told the {mutant} mutant apart")
+
+
+@pytest.mark.parametrize("name", ["CacheInitParams", "MatchPrefixParams", "InsertParams", "InsertResult", "EvictParams",
+                                  "EvictResult", "IncLockRefResult", "DecLockRefParams", "DecLockRefResult",
+                                  "InitLoadBackParams", "MatchResult"])
+def test_records_have_sglangs_fields(name):
+    """kvrace's records list SGLang 0.5.14's fields, in its order, with its plain defaults, so
+    code written against SGLang builds them unchanged (positionally too)."""
+    import dataclasses
+
+    from sglang.srt.mem_cache import base_prefix_cache, cache_init_params
+
+    from sim.cache import records
+
+    theirs = getattr(cache_init_params if name == "CacheInitParams" else base_prefix_cache, name)
+    ours = getattr(records, name)
+    if name == "MatchResult":
+        assert ours._fields == theirs._fields
+        assert ours._field_defaults == theirs._field_defaults
+        return
+    t, o = dataclasses.fields(theirs), dataclasses.fields(ours)
+    assert [f.name for f in o] == [f.name for f in t]
+    for a, b in zip(t, o):
+        if a.default is not dataclasses.MISSING and isinstance(a.default, (bool, int, float, str, type(None))):
+            assert b.default == a.default, f"{name}.{a.name}: {b.default!r} != {a.default!r}"
