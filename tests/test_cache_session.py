@@ -337,3 +337,17 @@ def test_backup_without_waiting_for_the_forward_races_its_kv_writes():
         assert len(pairs) == races                        # one: every layer is one write op
         assert all(r["ops"][0] == ids[0] for r in pairs)
         assert len(ids) == 1                              # one buffer, its two layers in one op
+
+
+def test_tree_keys_eviction_policy_and_eagle():
+    """``eviction_policy`` and ``is_eagle`` reach the session's tree (its CacheInitParams); bad
+    values name their key."""
+    from sim.cache import CacheSession
+    from sim.cache.evict_policy import SLRUStrategy
+    from sim.errors import InputError
+
+    s = CacheSession({"eviction_policy": "slru", "is_eagle": True, "device_tokens": 32})
+    assert isinstance(s.tree.eviction_strategy, SLRUStrategy) and s.tree.is_eagle
+    for key, bad in (("eviction_policy", "oldest"), ("is_eagle", 1)):
+        with pytest.raises(InputError, match=f"config.{key}"):
+            CacheSession({key: bad})

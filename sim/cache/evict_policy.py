@@ -17,6 +17,7 @@ __all__ = [
     "PriorityStrategy",
     "SLRUStrategy",
     "get_eviction_strategy",
+    "EVICTION_POLICIES",
 ]
 
 
@@ -82,6 +83,8 @@ _FACTORIES = {
     "priority": PriorityStrategy,
     "slru": SLRUStrategy,
 }
+#: the eviction policy names (SGLang's ``--radix-eviction-policy`` choices)
+EVICTION_POLICIES = tuple(_FACTORIES)
 
 
 def get_eviction_strategy(eviction_policy: str):

@@ -38,6 +38,7 @@ import numpy as np
 from sim.arrays import unique_sorted
 from sim.bytes.describe import describe
 from sim.cache.controller import DEFAULT_WRITE_EVENT_POOL, WRITE_POLICIES, HiCacheController
+from sim.cache.evict_policy import EVICTION_POLICIES
 from sim.cache.ranks import RankedHost, rank_header
 from sim.errors import InputError, KvraceError, check_keys, show
 from sim.executor import KEEP_MODES, Executor, Host, RunResult, TieBreak
@@ -127,6 +128,8 @@ class SessionConfig:
       allocator, and per rank its own device and host buffers, streams, events and link
       (rank ``r`` on device ``r``, names suffixed ``@r``); every op the session and its
       controller issue is issued on each rank, and a blocking call waits for every rank.
+    * ``eviction_policy`` (``"lru"``; :data:`~sim.cache.evict_policy.EVICTION_POLICIES`) and
+      ``is_eagle`` (False: EAGLE's bigram keys), the tree's ``CacheInitParams`` fields.
     * ``max_running_requests`` (64; SGLang derives its own from memory): rows of the session's
       request-to-token table (``session.req_to_token_pool``, each ``device_tokens`` long), which
       ``cache_finished_req`` / ``cache_unfinished_req`` read a request's slots from.
@@ -162,6 +165,8 @@ class SessionConfig:
     digest: bool = True
     ranks: int = 1
     max_running_requests: int = 64
+    eviction_policy: str = "lru"
+    is_eagle: bool = False
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "SessionConfig":
@@ -215,6 +220,8 @@ class SessionConfig:
         need(self.keep in KEEP_MODES, "keep", f"one of {list(KEEP_MODES)}")
         need(is_int(self.ranks, 1), "ranks", "an integer >= 1")
         need(is_int(self.max_running_requests, 1), "max_running_requests", "an integer >= 1")
+        need(self.eviction_policy in EVICTION_POLICIES, "eviction_policy", f"one of {list(EVICTION_POLICIES)}")
+        need(isinstance(self.is_eagle, bool), "is_eagle", "true or false")
         need(self.model != "deepseek-v4" or self.hicache_size == 0, "hicache_size",
              "0 for model 'deepseek-v4' (SGLang's V4 HiCache does not support --hicache-size; use hicache_ratio)")
         need(self.index_k_dtype in ("fp8", "bf16"), "index_k_dtype", "'fp8' or 'bf16'")
@@ -353,7 +360,8 @@ class CacheSession:
         from sim.cache.hiradix import HiRadixCache
         from sim.cache.records import CacheInitParams
 
-        return HiRadixCache(CacheInitParams(page_size=cfg.page_size, req_to_token_pool=self.req_to_token_pool),
+        return HiRadixCache(CacheInitParams(page_size=cfg.page_size, req_to_token_pool=self.req_to_token_pool,
+                                            eviction_policy=cfg.eviction_policy, is_eagle=cfg.is_eagle),
                             self.controller,
                             load_back_threshold=cfg.load_back_threshold,
                             host_lock_during_load=cfg.host_lock_during_load)

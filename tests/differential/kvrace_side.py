@@ -40,19 +40,19 @@ class KvraceSide:
             "model": cfg.model, "layers": cfg.layers, "page_size": cfg.page_size, "device_tokens": cfg.device_tokens,
             "hicache_ratio": cfg.hicache_ratio, "layout": cfg.layout, "io_backend": cfg.io_backend,
             "write_policy": cfg.write_policy, "materialise": False, "max_running_requests": cfg.req_rows,
+            "eviction_policy": cfg.eviction_policy, "is_eagle": cfg.is_eagle,
             **({"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
                if cfg.model == "mla" else {})})
         self.allocator = self.session.allocator
         if cfg.need_sort:
             self.allocator.need_sort = True
         self.moves: list = []
+        self.req_pool = self.session.req_to_token_pool
         if not cfg.hicache:
             # HiCache off: the plain RadixCache over the session's allocator, as the engine
             # builds it (sim.engine.engine) when HiCache is off
             from sim.cache.radix import RadixCache
-            from sim.pools import ReqToTokenPool
 
-            self.req_pool = ReqToTokenPool(cfg.req_rows, cfg.device_tokens)
             self.cache = self.tree = RadixCache(records.CacheInitParams(
                 page_size=cfg.page_size, token_to_kv_pool_allocator=self.allocator,
                 eviction_policy=cfg.eviction_policy, is_eagle=cfg.is_eagle, req_to_token_pool=self.req_pool))
@@ -60,17 +60,9 @@ class KvraceSide:
             self._wrap()
             return
         self.cache = self.session.cache          # settled calls
-        self.req_pool = self.session.req_to_token_pool
         self.tree = self.session.tree
         self.controller = self.session.controller
         self.host_pool = self.session.host_pool
-        if cfg.eviction_policy != "lru":
-            # NOTE: CacheSession builds its tree with SGLang's default policy (lru) and takes
-            # no policy key; set it as RadixCache.__init__ would have from CacheInitParams
-            from sim.cache.evict_policy import get_eviction_strategy
-
-            self.tree.eviction_policy = cfg.eviction_policy
-            self.tree.eviction_strategy = get_eviction_strategy(cfg.eviction_policy)
         self._wrap()
 
     def _wrap(self) -> None:

@@ -85,7 +85,7 @@ class DiffConfig:
     #: False: the plain ``RadixCache`` (HiCache off: no host pool, no controller), driven by
     #: ``ops.generate_radix``; the ``hicache_*``, layout and write-policy fields are then unused
     hicache: bool = True
-    #: EAGLE's bigram keys (``CacheInitParams.is_eagle``); plain RadixCache only
+    #: EAGLE's bigram keys (``CacheInitParams.is_eagle``)
     is_eagle: bool = False
     #: rows of the request-to-token table (``ReqToTokenPool``; the request ops' requests)
     req_rows: int = 4
@@ -97,7 +97,7 @@ class DiffConfig:
                     + (f" evict={self.eviction_policy}" if self.eviction_policy != "lru" else ""))
         return (f"{self.model} page_size={self.page_size} device_tokens={self.device_tokens} layers={self.layers} "
                 f"ratio={self.hicache_ratio} {self.layout}/{self.io_backend} {self.write_policy}"
-                + (" need_sort" if self.need_sort else "")
+                + (" eagle" if self.is_eagle else "") + (" need_sort" if self.need_sort else "")
                 + (f" evict={self.eviction_policy}" if self.eviction_policy != "lru" else ""))
 
 

@@ -65,7 +65,7 @@ def _id(c) -> str:
         return (f"radix-p{c.page_size}" + ("-eagle" if c.is_eagle else "") + ("-sorted" if c.need_sort else "")
                 + f"-{c.eviction_policy}")
     return (f"{c.model}-p{c.page_size}-{c.write_policy}-{c.layout}-{c.io_backend}-r{c.hicache_ratio}"
-            + ("-sorted" if c.need_sort else "") + (f"-{c.eviction_policy}" if c.eviction_policy != "lru" else ""))
+            + ("-eagle" if c.is_eagle else "") + ("-sorted" if c.need_sort else "") + (f"-{c.eviction_policy}" if c.eviction_policy != "lru" else ""))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
@@ -95,6 +95,29 @@ def test_namespaced_sequences_agree_op_by_op(cfg):
         assert any("extra" in op for op in ops)
         res = run_pair(cfg, ops)
         assert not res, _report(cfg, ops, res[0])
+
+
+#: EAGLE's bigram keys with HiCache: the host tier's nodes, backups and load-backs over bigram keys
+EAGLE_HICACHE_CONFIGS = [
+    DiffConfig(page_size=ps, device_tokens=device_tokens_for(ps), write_policy=pol, layout=lay, io_backend=io,
+               is_eagle=True, eviction_policy=ev)
+    for ps, pol, lay, io, ev in ((1, "write_through", "layer_first", "kernel", "lru"),
+                                 (16, "write_through_selective", "page_first_direct", "direct", "slru"),
+                                 (64, "write_back", "page_first", "kernel", "lru"))
+]
+
+
+@pytest.mark.parametrize("cfg", EAGLE_HICACHE_CONFIGS, ids=_id)
+def test_eagle_with_hicache_agrees_op_by_op(cfg):
+    from tests.differential.compare import run_pair
+    from tests.differential.ops import generate, generate_requests
+
+    for seed in range(N_SEQUENCES):
+        for ops in (generate(seed, 2 * LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens,
+                             extra_keys=True),
+                    generate_requests(seed, 2 * LENGTH, page_size=cfg.page_size, device_tokens=cfg.device_tokens)):
+            res = run_pair(cfg, ops)
+            assert not res, _report(cfg, ops, res[0])
 
 
 @pytest.mark.parametrize("name", ["fourth_load", "split_pending_backup", "load_back_evicts_its_source"])
