@@ -273,3 +273,19 @@ def test_records_take_sglangs_call_shapes():
     cache.dec_lock_ref(m.last_device_node, lock.to_dec_params())
     out = cache.evict(EvictParams(num_tokens=4, swa_num_tokens=0, mamba_num=0))
     assert out.num_tokens_evicted == 4 and out.swa_num_tokens_evicted == 0
+
+
+def test_base_protocol_of_a_full_attention_cache():
+    """The answers SGLang's BasePrefixCache gives (its RadixCache keeps them); the plain
+    cache refuses host-tier calls as SGLang's does (NotImplementedError)."""
+    cache, alloc, pool = _cache()
+    cache.cache_finished_req(_admit(cache, alloc, pool, [1, 2, 3]))
+    assert cache.is_tree_cache() and not cache.is_chunk_cache()
+    assert not (cache.supports_swa() or cache.supports_mamba() or cache.supports_streaming_session())
+    assert cache.full_evictable_size() == 0 and cache.session_held_tokens() == 0 and cache.take_events() == []
+    assert cache.available_and_evictable_str() == (
+        f"Available tokens: {alloc.available_size() + 3} (available_size={alloc.available_size()} "
+        "+ evictable_size=3)\n")
+    for name in ("ready_to_load_host_cache", "check_hicache_events"):
+        with pytest.raises(NotImplementedError, match="HiRadixCache"):
+            getattr(cache, name)()

@@ -468,6 +468,92 @@ class RadixCache:
                                                  "table (ReqToTokenPool.alloc([req]) first)")
         return pool.req_to_token[req.req_pool_idx]
 
+    # ----------------------------------------------------------------- SGLang's base-class protocol
+    # NOTE: what SGLang's scheduler helpers ask any prefix cache (``BasePrefixCache``), with the
+    # base class's answers, which SGLang's ``RadixCache`` keeps (so ``full_evictable_size`` is
+    # 0 there too: only the SWA and Mamba caches override it); ``HiRadixCache`` overrides the
+    # host-tier methods
+
+    #: SGLang's metrics collector (metrics are not modelled: always None)
+    metrics_collector = None
+
+    def is_chunk_cache(self) -> bool:
+        return False
+
+    def is_tree_cache(self) -> bool:
+        return not self.is_chunk_cache()
+
+    def supports_fast_match_prefix(self) -> bool:
+        return False
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def supports_streaming_session(self) -> bool:
+        return False
+
+    def full_evictable_size(self) -> int:
+        return 0
+
+    def swa_evictable_size(self) -> int:
+        return 0
+
+    def full_protected_size(self) -> int:
+        return 0
+
+    def swa_protected_size(self) -> int:
+        return 0
+
+    def session_held_tokens(self, active_pool_idxs=None) -> int:
+        return 0
+
+    def session_held_full_tokens(self, active_pool_idxs=None) -> int:
+        return 0
+
+    def session_held_swa_tokens(self, active_pool_idxs=None) -> int:
+        return 0
+
+    def session_held_req_count(self, active_pool_idxs=None) -> int:
+        return 0
+
+    def session_held_mamba_slots(self, active_pool_idxs=None) -> int:
+        return 0
+
+    def release_session(self, session_id: str) -> None:
+        """Streaming sessions are not modelled: nothing is held per session."""
+
+    def take_events(self) -> list:
+        """KV-cache events are not modelled: none."""
+        return []
+
+    def init_metrics_collector(self) -> None:
+        """Metrics are not modelled (``metrics_collector`` stays None)."""
+
+    def update_eviction_metrics(self, num_evicted: int, start_time: float) -> None:
+        """Metrics are not modelled."""
+
+    def flush_write_through_acks(self) -> None:
+        """No write-through without a host tier: nothing to release."""
+
+    def init_load_back(self, params):
+        raise NotImplementedError("the plain RadixCache has no host tier to load back from; use HiRadixCache")
+
+    def ready_to_load_host_cache(self):
+        raise NotImplementedError("the plain RadixCache has no host tier to load from; use HiRadixCache")
+
+    def check_hicache_events(self):
+        raise NotImplementedError("the plain RadixCache has no HiCache events; use HiRadixCache")
+
+    def available_and_evictable_str(self) -> str:
+        """SGLang's out-of-memory message line: free and evictable device tokens."""
+        available_size = self.token_to_kv_pool_allocator.available_size()
+        evictable_size = self.evictable_size()
+        return (f"Available tokens: {available_size + evictable_size} "
+                f"(available_size={available_size} + evictable_size={evictable_size})\n")
+
     def evictable_size(self) -> int:
         """Device tokens in unlocked nodes."""
         return self.evictable_size_

@@ -464,3 +464,35 @@ def test_records_have_sglangs_fields(name):
     for a, b in zip(t, o):
         if a.default is not dataclasses.MISSING and isinstance(a.default, (bool, int, float, str, type(None))):
             assert b.default == a.default, f"{name}.{a.name}: {b.default!r} != {a.default!r}"
+
+
+#: what SGLang's scheduler helpers ask any prefix cache (BasePrefixCache), without arguments
+PROTOCOL = ("is_chunk_cache", "is_tree_cache", "supports_fast_match_prefix", "supports_swa", "supports_mamba",
+            "supports_streaming_session", "full_evictable_size", "swa_evictable_size", "full_protected_size",
+            "swa_protected_size", "session_held_tokens", "session_held_full_tokens", "session_held_swa_tokens",
+            "session_held_req_count", "session_held_mamba_slots", "take_events", "available_and_evictable_str",
+            "evictable_size", "protected_size", "total_size")
+
+
+@pytest.mark.parametrize("hicache", [False, True], ids=["radix", "hiradix"])
+def test_base_protocol_answers_as_sglang(hicache):
+    """After the same ops, both caches give the same answers to the base-class questions, and
+    the plain cache refuses the host-tier calls with SGLang's exception kind."""
+    from tests.differential.kvrace_side import KvraceSide
+    from tests.differential.ops import SideDriver, generate, generate_radix
+    from tests.differential.sglang_side import SGLangSide
+
+    cfg = DiffConfig(hicache=hicache)
+    sides = [SGLangSide(cfg), KvraceSide(cfg)]
+    ops = (generate if hicache else generate_radix)(7, 60, page_size=1, device_tokens=48)
+    for side in sides:
+        d = SideDriver(side)
+        for op in ops:
+            d.apply(op)
+    answers = [{name: getattr(s.cache_obj(), name)() for name in PROTOCOL} for s in sides]
+    assert answers[0] == answers[1]
+    if not hicache:
+        for name in ("ready_to_load_host_cache", "check_hicache_events"):
+            for s in sides:
+                with pytest.raises(NotImplementedError):
+                    getattr(s.cache_obj(), name)()
