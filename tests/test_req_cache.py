@@ -289,3 +289,10 @@ def test_base_protocol_of_a_full_attention_cache():
     for name in ("ready_to_load_host_cache", "check_hicache_events"):
         with pytest.raises(NotImplementedError, match="HiRadixCache"):
             getattr(cache, name)()
+
+
+def test_create_simulated_tree_uses_token_ids_as_values():
+    tree = RadixCache.create_simulated()
+    tree.insert(InsertParams(key=RadixKey([5, 6, 7])))
+    m = tree.match_prefix(MatchPrefixParams(key=RadixKey([5, 6, 8])))
+    assert m.device_indices.tolist() == [5, 6] and type(tree) is RadixCache

@@ -268,6 +268,16 @@ class RadixCache:
         self._node_counter = 0
         self.reset()
 
+    @classmethod
+    def create_simulated(cls, disable: bool = False, mock_allocator=None, page_size: int = 1,
+                         enable_kv_cache_events: bool = False) -> "RadixCache":
+        """A plain ``RadixCache`` without memory pools (SGLang's ``create_simulated``: the
+        scheduler's waiting-queue tree, inserted with ``value=None`` so the token ids serve as
+        values); ``mock_allocator`` is what ``evict`` frees into."""
+        return RadixCache(CacheInitParams(disable=disable, req_to_token_pool=None,
+                                          token_to_kv_pool_allocator=mock_allocator, page_size=page_size,
+                                          enable_kv_cache_events=enable_kv_cache_events))
+
     # ----------------------------------------------------------------- nodes and time
 
     def _new_node(self, priority: int = 0) -> TreeNode:
