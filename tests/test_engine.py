@@ -354,3 +354,31 @@ def test_step_api_gives_the_same_result_as_run():
     ra = a.finish()
     rb = small("upstream-0.5.10").run()
     assert ra.signature() == rb.signature()
+
+
+def _path_len(node) -> int:
+    n = 0
+    while node is not None and node.parent is not None:
+        n += len(node.key)
+        node = node.parent
+    return n
+
+
+def test_colocated_request_keeps_its_whole_prompt_locked_until_its_decode_ends():
+    """SGLang's ``process_batch_result_prefill`` -> ``cache_unfinished_req``: once a request's
+    prefill is done its page-aligned prompt is in the tree and its lock has moved to the node the
+    prompt ends at, so an eviction during its decode never takes the KV that decode reads; the
+    lock goes when the decode ends."""
+    e = small("upstream-0.5.11")
+    assert not e.pd
+    e.start()
+    seen = 0
+    while e.step():
+        for rid, node in e._held.items():
+            prompt = e.driver._in_flight[rid].input_len
+            assert _path_len(node) == prompt // e.page * e.page, rid
+            assert node.lock_ref > 0, rid
+            seen += 1
+    r = e.finish()
+    assert seen > 0 and r.load_backs > 0 and r.requests_completed == r.requests_total
+    assert not e._held

@@ -686,12 +686,15 @@ class PrefillEngine:
         for part in (dup, tail):
             if len(part):
                 s.allocator.free(part)
-        # NOTE: colocated, the running request keeps its KV locked until its decode ends; PD, the
-        # prefill engine releases it once the KV is handed over (its transfer is not modelled
-        # on the prefill side's streams)
+        # NOTE: colocated, SGLang's process_batch_result_prefill -> cache_unfinished_req moves the
+        # request's lock to the node its prompt now ends at, so the prompt stays protected until
+        # its decode ends; PD, the prefill engine releases it once the KV is handed over (its
+        # transfer is not modelled on the prefill side's streams)
         if self.pd:
             self.cache.dec_lock_ref(a.node)
         else:
+            if aligned:
+                self._move_lock(a, a.key[:aligned])
             self._held[a.req.rid] = a.node
         self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
 
@@ -719,17 +722,24 @@ class PrefillEngine:
         if len(dup):
             self.session.allocator.free(dup)
             self.counts["stash_frees"] += len(dup)
-        m = self.cache.match_prefix(MatchPrefixParams(key))
-        if len(m.device_indices) != aligned:
-            raise EngineError(f"request {a.req.rid}: {len(m.device_indices)} device slots matched right after "
-                              f"inserting {aligned} tokens (cache_unfinished_req)")
-        self.cache.dec_lock_ref(a.node)
-        self.cache.inc_lock_ref(m.last_device_node)
-        a.node = m.last_device_node
-        a.prefix = np.asarray(m.device_indices, np.int64)
+        a.prefix = np.asarray(self._move_lock(a, key).device_indices, np.int64)
         a.new = slots[aligned:]
         a.n_new -= aligned - computed + a.done
         a.done = computed - aligned
+
+    def _move_lock(self, a: _Admitted, key: RadixKey):
+        """The end of ``cache_unfinished_req`` for request ``a`` whose page-aligned ``key`` was
+        just inserted: match it again (the tree's slots for it, which differ from the
+        request's where another request inserted those tokens first) and move the request's
+        lock from ``a.node`` to the node the match ends at; returns the match."""
+        m = self.cache.match_prefix(MatchPrefixParams(key))
+        if len(m.device_indices) != len(key):
+            raise EngineError(f"request {a.req.rid}: {len(m.device_indices)} device slots matched right after "
+                              f"inserting {len(key)} tokens (cache_unfinished_req)")
+        self.cache.dec_lock_ref(a.node)
+        self.cache.inc_lock_ref(m.last_device_node)
+        a.node = m.last_device_node
+        return m
 
     def _launch(self, batch: list[_Admitted]) -> _Launched:
         """Launch ``batch`` without waiting for it (SGLang's ``run_batch`` in the overlap loop):
