@@ -21,20 +21,19 @@ import json
 import sys
 import time
 
+from tests.test_engine_overlap import FENCE      # the fence tests' workload (one home)
+
 V4 = ["run.layers=4", "run.duration_s=1.5", "workload.concurrency=4", "model.index_k_dtype=fp8"]
-TIGHT = ["workload.sessions=5", "workload.max_turns=3", "workload.concurrency=4",
-         "scheduler.max_total_tokens=1536", "workload.max_context_tokens=1472"]
 #: name -> (scenario, overrides, seed)
 CASES = {
     "notbacked": ("incident-short", [*V4, "variant.hypotheses=index-k-not-backed-up"], 0),
     "glm510": ("glm5-22811-small", ["run.layers=2", "variant.gate_map=upstream-0.5.10"], 0),
     "glm510c6": ("glm5-22811-small", ["run.layers=2", "variant.gate_map=upstream-0.5.10",
                                       "workload.concurrency=6"], 1),
-    # NOTE: 1,792 tokens and seed 2: a run whose freed page goes to a load-back (test_engine_overlap's
-    # FENCE_POOL, FENCE_SEED), so the case has corrupted reads
+    # NOTE: test_engine_overlap's FENCE workload and seed: a run whose freed page reaches a load-back
+    # in time, so the case has corrupted reads
     "unfenced": ("glm5-22811-small", ["run.layers=4", "variant.gate_map=upstream-0.5.11",
-                                      "scheduler.event_loop=overlap", "variant.hypotheses=load-unfenced", *TIGHT,
-                                      "scheduler.max_total_tokens=1792"], 2),
+                                      "scheduler.event_loop=overlap", "variant.hypotheses=load-unfenced", *FENCE], 1),
     "repro": ("incident-repro", ["run.duration_s=1"], 0),
     "stride": ("incident-short", ["run.layers=4", "run.duration_s=3", "model.index_k_dtype=bf16",
                                   "variant.hypotheses=index-k-stride-mismatch"], 0),

@@ -72,7 +72,7 @@ def test_engine_completes_every_turn_after_its_decode(mode):
     e = PrefillEngine(load_scenario("glm5-22811-small", sets), 0)
     r = e.run()
     assert r.requests_completed == r.requests_total > 0
-    assert e.decode.idle and e.decode.step_count > 0 and not e._held
+    assert e.decode.idle and e.decode.step_count > 0 and not e._decoding
     ops = e.session.finish().schedule.ops
     decode_ops = [op for op in ops if op.op == "compute" and op.id.startswith("decode")]
     # colocated: decode steps occupy the forward stream; PD: they run on the decode engine's GPUs

@@ -367,18 +367,70 @@ def _path_len(node) -> int:
 def test_colocated_request_keeps_its_whole_prompt_locked_until_its_decode_ends():
     """SGLang's ``process_batch_result_prefill`` -> ``cache_unfinished_req``: once a request's
     prefill is done its page-aligned prompt is in the tree and its lock has moved to the node the
-    prompt ends at, so an eviction during its decode never takes the KV that decode reads; the
-    lock goes when the decode ends."""
+    prompt ends at, so an eviction during its decode never takes the KV that decode reads; it
+    keeps its unaligned tail page; the lock goes when it is released."""
     e = small("upstream-0.5.11")
     assert not e.pd
     e.start()
     seen = 0
     while e.step():
-        for rid, node in e._held.items():
-            prompt = e.driver._in_flight[rid].input_len
-            assert _path_len(node) == prompt // e.page * e.page, rid
-            assert node.lock_ref > 0, rid
+        for rid, d in e._decoding.items():
+            prompt = d.req.input_len
+            assert _path_len(d.node) == len(d.prefix) == prompt // e.page * e.page, rid
+            assert d.node.lock_ref > 0, rid
+            assert d.ctx >= prompt and len(d.own) >= (d.ctx if d.hole is None else d.hole) - len(d.prefix), rid
             seen += 1
     r = e.finish()
     assert seen > 0 and r.load_backs > 0 and r.requests_completed == r.requests_total
-    assert not e._held
+    assert not e._decoding
+
+
+@pytest.mark.parametrize("loop", ["normal", "overlap"])
+def test_colocated_release_inserts_the_output_and_the_next_turn_matches_it(loop, monkeypatch):
+    """``cache_finished_req``: a colocated request's prompt and output KV (``kv_committed_len``:
+    all but the last output token), page-aligned, enter the tree when it is released, so the
+    next turn of its session (which re-sends them) matches all of it; in a pool with room for
+    everything nothing is evicted and every such match is whole.  Every read is the reader's
+    own KV (the KV oracle judges the output pages, written a token per decode step, right) and
+    no slot is lost: at the end the tree's slots and the free ones are the whole pool."""
+    from sim.engine.engine import PrefillEngine as PE
+    matched = []
+    admit = PE._admit
+
+    def spy(self, req, budget, can_chunk):
+        a = admit(self, req, budget, can_chunk)
+        if a is not None:
+            matched.append((req, len(a.prefix)))
+        return a
+    monkeypatch.setattr(PE, "_admit", spy)
+    e = small("upstream-0.5.11", "scheduler.max_total_tokens=65536", f"scheduler.event_loop={loop}")
+    r = e.run()
+    assert r.requests_completed == r.requests_total and r.requests_corrupted == r.requests_wrong_kv == 0
+    assert e.counts["decode_kv_skipped"] == 0
+    prev = {}
+    later = 0
+    for req, n in sorted(matched, key=lambda x: x[0].rid):
+        if req.turn > 0:
+            p = prev[req.session]
+            assert n == (p.input_len + p.output_len - 1) // e.page * e.page, req
+            later += 1
+        prev[req.session] = req
+    assert later > 0
+    tree = np.flatnonzero(e._tree_slots() > 0)
+    pages = set((tree // e.page).tolist()) | set(np.asarray(e.session.allocator.free_page_ids()).tolist())
+    assert len(pages) * e.page == 65536
+
+
+def test_colocated_decode_without_a_page_writes_no_more_and_releases_what_it_wrote():
+    """In a tight pool a decode step that finds no page for a request's next token (every page
+    locked or held) writes nothing more for it (SGLang would retract it); its release inserts
+    only the KV it wrote, every request still completes, no read sees KV not its own, and no
+    slot is lost."""
+    e = small("upstream-0.5.11", "scheduler.max_total_tokens=1536", "workload.max_context_tokens=1472")
+    r = e.run()
+    assert e.counts["decode_kv_skipped"] > 0
+    assert r.requests_completed == r.requests_total and r.requests_corrupted == r.requests_wrong_kv == 0
+    assert not e._decoding
+    tree = np.flatnonzero(e._tree_slots() > 0)
+    pages = set((tree // e.page).tolist()) | set(np.asarray(e.session.allocator.free_page_ids()).tolist())
+    assert len(pages) * e.page == 1536

@@ -21,11 +21,16 @@ SMALL = ["run.layers=2", "variant.gate_map=upstream-0.5.11", "scheduler.event_lo
 #: the fence runs' depth: a decode step's per-layer KV store (one write per layer for the whole
 #: batch) lands after the unfenced load-back's H2D of that layer only from a later layer on
 FENCE_LAYERS = "run.layers=4"
-#: the fence runs' pool and seed: a load-back that gets the page a finished request's extra decode
-#: step still writes needs that page to be the allocator's next one, which depends on what the
-#: tree's locks leave evictable (a request keeps its prompt locked until its decode ends, as
-#: cache_unfinished_req does); measured on seeds 0-5 at 1280-1792 tokens, this is one that does
-FENCE_POOL, FENCE_SEED = "scheduler.max_total_tokens=1792", 2
+#: the fence runs' workload and seed: short turns over a 1,024-token pool. A finished request's
+#: extra decode step writes past its committed KV into its tail page, which its release frees;
+#: the next batch's load-back must get that page while the step still runs, and its per-layer
+#: H2D must land before the step's late write of that layer: a small load (a few pages: here
+#: the per-layer copies take less than a decode layer), which longer turns (whose output KV is
+#: now cached and loaded back with the prompt) do not give
+FENCE = ["workload.sessions=6", "workload.max_turns=3", "workload.concurrency=4", "scheduler.max_total_tokens=1024",
+         "workload.first_turn_tokens=256", "workload.user_tokens_min=64", "workload.user_tokens_max=128",
+         "workload.output_tokens_min=64", "workload.output_tokens_max=96", "workload.max_context_tokens=960"]
+FENCE_SEED = 1
 
 
 def _engine(sets, seed=0, keep="all") -> PrefillEngine:
@@ -75,9 +80,9 @@ def fence_runs():
     """The small colocated run on the overlap loop without the fence and with it (``keep="all"``,
     finished), and on the normal loop without it."""
     out = {}
-    for name, sets in (("unfenced", [*SMALL, *TIGHT, FENCE_POOL, FENCE_LAYERS, "variant.hypotheses=load-unfenced"]),
-                       ("fenced", [*SMALL, *TIGHT, FENCE_POOL, FENCE_LAYERS]),
-                       ("normal", [*SMALL[:2], *TIGHT, FENCE_POOL, FENCE_LAYERS, "variant.hypotheses=load-unfenced"])):
+    for name, sets in (("unfenced", [*SMALL, *FENCE, FENCE_LAYERS, "variant.hypotheses=load-unfenced"]),
+                       ("fenced", [*SMALL, *FENCE, FENCE_LAYERS]),
+                       ("normal", [*SMALL[:2], *FENCE, FENCE_LAYERS, "variant.hypotheses=load-unfenced"])):
         e = _engine(sets, FENCE_SEED)
         out[name] = (e, e.run())
     return out
@@ -158,7 +163,9 @@ def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it(fen
     assert bad.load_backs > 0 and bad.requests_completed == bad.requests_total
     assert bad.requests_corrupted > 0 and bad.stale_reads + bad.torn_reads > 0 and bad.latent_races > 0
     raced = [c for c in bad.corrupted_reads if c["status"] in ("stale", "torn")]
-    assert raced and all(c["waited"] and c["consumer_index"] >= 0 for c in raced)
+    # the load-carrying batch's reads waited for their layer's load and still see the late write;
+    # a later batch that matches the clobbered prefix in the tree reads it too (without a load)
+    assert raced and any(c["waited"] and c["consumer_index"] >= 0 for c in raced)
     # the late write is another request's decode KV: the KV oracle flags it too
     assert bad.requests_wrong_kv > 0
     fenced = fence_runs["fenced"][1]
@@ -167,7 +174,7 @@ def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it(fen
     normal = fence_runs["normal"][1]
     assert normal.load_backs > 0 and normal.requests_corrupted == normal.latent_races == 0
     # streaming verdicts give the same result on the overlap loop
-    streamed = PrefillEngine(load_scenario("glm5-22811-small", [*SMALL, *TIGHT, FENCE_POOL, FENCE_LAYERS,
+    streamed = PrefillEngine(load_scenario("glm5-22811-small", [*SMALL, *FENCE, FENCE_LAYERS,
                                                                   "variant.hypotheses=load-unfenced"]),
                              FENCE_SEED, keep="report").run()
     a, b = bad.signature(), streamed.signature()
@@ -177,16 +184,16 @@ def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it(fen
 @pytest.mark.parametrize("sets, seed", [
     pytest.param(["run.layers=2", "variant.gate_map=upstream-0.5.10", "scheduler.event_loop=overlap", *TIGHT], 0,
                  marks=pytest.mark.slow),
-    pytest.param([*SMALL, "variant.hypotheses=load-unfenced", CHUNKS, BUSY], 1, marks=pytest.mark.slow),
-    pytest.param([*SMALL, "variant.hypotheses=load-unfenced"], 2, marks=pytest.mark.slow),
+    pytest.param([*SMALL, *FENCE, "variant.hypotheses=load-unfenced", CHUNKS, BUSY], 1, marks=pytest.mark.slow),
+    pytest.param([*SMALL, *FENCE, "variant.hypotheses=load-unfenced"], 1, marks=pytest.mark.slow),
 ])
 def test_overlap_streaming_equals_the_end_of_run_verdicts(sets, seed):
     """The overlap loop's streamed verdicts equal the end-of-run ones, on runs whose verdicts
-    are not empty: the 0.5.10 gate map corrupts requests; the unfenced loads of two layers race
-    the forward (latent races) without corrupting a read since the batch's KV store became one
-    write per layer and pool (cb7199c; measured there and since, seeds 0-3: 12-40 latent races,
-    no stale or torn read). The unfenced run that corrupts (four layers) is compared streamed
-    against end of run by ``test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it``."""
+    are not empty: the 0.5.10 gate map corrupts requests; on the fence runs' short turns the
+    unfenced loads of two layers race the late decode writes (latent races: 8, and 4 with chunks,
+    at seed 1) without corrupting a read. The unfenced run that corrupts (four layers) is compared
+    streamed against end of run by
+    ``test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it``."""
     sc = load_scenario("glm5-22811-small", sets)
     a = PrefillEngine(sc, seed, keep="all").run().signature()
     b = PrefillEngine(sc, seed, keep="report").run().signature()

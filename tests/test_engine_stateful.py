@@ -72,15 +72,16 @@ def workloads(draw, gate_maps=(UNGATED, GATED), event_loop=None):
 
 def _engine(overrides, seed) -> PrefillEngine:
     e = PrefillEngine(load_scenario(PRESET, overrides), seed, layers=LAYERS)
-    # which requests each batch store wrote for (a batch's store is one write per layer and
-    # pool whose owner is only its first request; its version is the store's number)
+    # which requests each store wrote for (a prefill batch's or a colocated decode step's store
+    # is one write per pool whose owner is only its first request; its version is the store's
+    # number)
     e.stored_for = {}
-    record = e._record_store
+    record = e._record_kv
 
-    def logged(a, slots, store):
-        e.stored_for.setdefault(store, set()).add(a.req.rid)
-        return record(a, slots, store)
-    e._record_store = logged
+    def logged(req, slots, pos, store):
+        e.stored_for.setdefault(store, set()).add(req.rid)
+        return record(req, slots, pos, store)
+    e._record_kv = logged
     return e
 
 
@@ -147,8 +148,8 @@ def _check_read_bytes_are_owned(e: PrefillEngine) -> None:
                         (info.op_id, rid, "entries outside the read")
                     for owner, store in set(zip(owners[idx].tolist(), stores[idx].tolist())):
                         assert owner >= 0, (info.op_id, rid, "reads a slot's initial contents")
-                        # a prefill store: the requests it wrote for; a decode store: its first writer
-                        wrote = e.stored_for.get(store, {owner})
+                        # the requests the store wrote for
+                        wrote = e.stored_for[store]
                         assert rid in wrote or all(first_batch.get(w, k) < k for w in wrote), \
                             (info.op_id, rid, owner, store)
 

@@ -167,15 +167,13 @@ def test_exported_races_of_either_rank_rerun_with_the_same_verdict(tmp_path):
 def test_overlap_loop_on_two_ranks_streams_the_same_result_as_keep_all():
     """The overlap loop (per-layer KV stores issued on each rank inside its own forward,
     ``copy_done`` recorded and waited for on every rank) under ``load-unfenced``."""
-    # NOTE: test_engine_overlap.py's FENCE_POOL and FENCE_SEED: a run where the freed page reaches
-    # a load-back
-    sets = ["variant.gate_map=upstream-0.5.11", "scheduler.event_loop=overlap", "workload.sessions=5",
-            "workload.max_turns=3", "workload.concurrency=4", "scheduler.max_total_tokens=1792",
-            "workload.max_context_tokens=1472", "run.layers=4", "variant.hypotheses=load-unfenced",
-            "deployment.simulated_ranks=2"]
-    e = PrefillEngine(load_scenario("glm5-22811-small", sets), 2, keep="all")
+    from tests.test_engine_overlap import FENCE, FENCE_SEED
+    # NOTE: test_engine_overlap.py's fence run: the freed page reaches a load-back in time
+    sets = ["variant.gate_map=upstream-0.5.11", "scheduler.event_loop=overlap", *FENCE, "run.layers=4",
+            "variant.hypotheses=load-unfenced", "deployment.simulated_ranks=2"]
+    e = PrefillEngine(load_scenario("glm5-22811-small", sets), FENCE_SEED, keep="all")
     a = e.run()
-    b = run_prefill_engine("glm5-22811-small", 2, overrides=sets)
+    b = run_prefill_engine("glm5-22811-small", FENCE_SEED, overrides=sets)
     assert a.signature() == b.signature() and a.requests_corrupted > 0
     events = [o["event"] for o in e.session.record()["ops"] if o["op"] == "host_sync" and "event" in o]
     assert "copy_done.0" in events and "copy_done.0@1" in events

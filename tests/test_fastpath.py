@@ -36,9 +36,11 @@ def _same_plan(a, b) -> None:
 @SETTINGS
 @given(any_schedule)
 def test_cached_plans_equal_fresh_plans(doc):
-    # NOTE: the cache is cleared when full; a clear between validate and plan (after earlier
-    # tests filled it) would make ``again`` a fresh plan
+    # NOTE: the caches are cleared when full; a clear between validate and plan (after earlier
+    # tests filled them) would make ``again`` a fresh plan: the layer-shifted plans' families
+    # too (kernel_per_layer), whose fill depends on which tests ran before
     routines._plan_cache.clear()
+    routines._layer_families.clear()
     s = validate(doc)
     for op in s.ops:
         if op.op != "copy":

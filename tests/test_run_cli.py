@@ -7,6 +7,7 @@ import json
 import pytest
 
 from kvrace.cli import main
+from tests.test_engine_overlap import FENCE, FENCE_SEED
 
 ARGS = ["run", "glm5-22811-small", "--set", "run.layers=2", "--progress", "never"]
 KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads", "torn_reads",
@@ -40,15 +41,13 @@ def test_exported_races_rerun_as_schedules_with_the_same_corrupt_read(exported, 
         assert statuses[c["op"]] == c["status"]
 
 
-#: the overlap loop without #36738's fence (tests/test_engine_overlap.py's small colocated run, 5
-#: layers: with a batch's KV stored in one write per layer, a decode step's late store lands after
-#: the unfenced load-back's H2D only from a later layer on; at 5 both exported reads' windows carry
-#: the race that decided their bytes; the pool and seed are test_engine_overlap.py's FENCE_POOL and
-#: FENCE_SEED: a run where the freed page goes to a load-back)
+#: the overlap loop without #36738's fence (tests/test_engine_overlap.py's fence run: its FENCE
+#: workload and seed, 5 layers: with a batch's KV stored in one write per layer, a decode step's
+#: late store lands after the unfenced load-back's H2D only from a later layer on; at 5 both
+#: exported reads' windows carry the race that decided their bytes)
 UNFENCED = ["--set", "run.layers=5", "--set", "variant.gate_map=upstream-0.5.11", "--set", "scheduler.event_loop=overlap",
-            "--set", "workload.sessions=5", "--set", "workload.max_turns=3", "--set", "workload.concurrency=4",
-            "--set", "scheduler.max_total_tokens=1792", "--set", "workload.max_context_tokens=1472",
-            "--set", "variant.hypotheses=load-unfenced", "--seed", "2"]
+            *[a for kv in FENCE for a in ("--set", kv)], "--set", "variant.hypotheses=load-unfenced",
+            "--seed", str(FENCE_SEED)]
 
 
 def test_exported_race_of_reads_that_waited_shows_the_writers_race(tmp_path):

@@ -68,7 +68,7 @@ from sim.engine.models import ModelFamily, model as model_family
 from sim.engine.layer_reads import LayerReads
 from sim.engine.oracle import KVOracle
 from sim.engine.scenario import Scenario, load_scenario
-from sim.engine.workload import Request, Workload, WorkloadDriver, tokens
+from sim.engine.workload import Request, Workload, WorkloadDriver, output_tokens, tokens
 from sim.errors import InputError, KvraceError, show
 from sim.executor import run_reference
 from sim.profile import load_profile
@@ -238,6 +238,23 @@ class _Admitted:
     chunk: int = 0              # new tokens this batch computes
 
 
+@dataclass
+class _Decoding:
+    """A colocated request from the end of its prefill to its release: what SGLang's
+    ``cache_unfinished_req`` leaves it (the tree's slots of its page-aligned prompt, ``prefix``,
+    under its lock on ``node``; its own slots from there on, ``own``: the prompt's unaligned tail
+    page, then a page at a time as decode needs them) and how far its KV goes: ``ctx`` positions
+    written (prompt, then one per decode step), ``hole`` the first position a decode step could
+    not write (no page to be had; nothing is written after it)."""
+
+    req: Request
+    node: object
+    prefix: np.ndarray
+    own: np.ndarray
+    ctx: int
+    hole: int | None = None
+
+
 class _Launched(NamedTuple):
     """A batch the overlap loop launched: the requests whose prefill it completes, the event
     recorded on the forward stream after its forward (SGLang's ``copy_done``), and for a
@@ -340,7 +357,7 @@ class PrefillEngine:
                                    transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
         if self.pd and sc.hicache.decode:
             self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise)
-        self._held: dict[int, object] = {}     # colocated: rid -> its locked node, until decode ends
+        self._decoding: dict[int, _Decoding] = {}     # colocated: from prefill's end to release
         self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64), counted
         self._tree_count = np.zeros(0, np.int32)
         self._ids: dict[int, np.ndarray] = {}  # rid -> its input ids (_tokens)
@@ -383,8 +400,6 @@ class PrefillEngine:
         # is processed in the next iteration (SGLang's result_queue of one)
         self.overlap_loop = sc.scheduler.event_loop == "overlap"
         self._pending: _Launched | None = None
-        # colocated, overlap loop: rid -> [context tokens, decode slots (whole pages), tokens written]
-        self._dec_kv: dict[int, list] = {}
         self.counts["decode_kv_skipped"] = 0
         self.counts["stash_frees"] = 0
         self._t0: float | None = None               # perf_counter at start()
@@ -683,19 +698,21 @@ class PrefillEngine:
         aligned = len(a.key) // self.page * self.page
         dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
         tail = a.new[max(0, aligned - len(a.prefix)):]
-        for part in (dup, tail):
-            if len(part):
-                s.allocator.free(part)
-        # NOTE: colocated, SGLang's process_batch_result_prefill -> cache_unfinished_req moves the
-        # request's lock to the node its prompt now ends at, so the prompt stays protected until
-        # its decode ends; PD, the prefill engine releases it once the KV is handed over (its
-        # transfer is not modelled on the prefill side's streams)
+        if len(dup):
+            s.allocator.free(dup)
+        # NOTE: colocated, SGLang's process_batch_result_prefill -> cache_unfinished_req: the
+        # request keeps its unaligned tail page (its decode continues in it) and its lock moves
+        # to the node its page-aligned prompt now ends at, so the prompt stays protected until
+        # its release (cache_finished_req, _release); PD, the prefill engine frees the tail and
+        # releases the request once the KV is handed over (its transfer is not modelled on the
+        # prefill side's streams)
         if self.pd:
+            if len(tail):
+                s.allocator.free(tail)
             self.cache.dec_lock_ref(a.node)
         else:
-            if aligned:
-                self._move_lock(a, a.key[:aligned])
-            self._held[a.req.rid] = a.node
+            prefix = self._move_lock(a, a.key[:aligned]).device_indices if aligned else a.prefix
+            self._decoding[a.req.rid] = _Decoding(a.req, a.node, np.asarray(prefix, np.int64), tail, len(a.key))
         self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
 
     # ---------------------------------------------------------------- the overlap loop
@@ -784,12 +801,10 @@ class PrefillEngine:
         for a in launched.finished:
             self._prefill_done(a)
         for rid in launched.decoded:
-            # NOTE: release_kv_cache -> cache_finished_req: the request's last (partial) page is
-            # freed here, while the decode step launched after this one may still write the KV of
-            # its last token into it (that step ran it once more: it did not know it had finished)
-            ctx, slots, n = self._dec_kv.pop(rid)
-            if len(slots):
-                s.allocator.free(slots)
+            # NOTE: release_kv_cache -> cache_finished_req (_release): the request's last
+            # (partial) page is freed here, while the decode step launched after this one may
+            # still write the KV of its last token into it (that step ran it once more: it did
+            # not know it had finished)
             self._finish(rid, s.now)
 
     def _launch_decode(self) -> _Launched | None:
@@ -805,34 +820,21 @@ class PrefillEngine:
         extra = list(last.decoded) if last is not None else []
         if not self.decode.running and not extra:
             return None
-        for rid, (ctx, _out) in self.decode.running.items():
-            self._dec_kv.setdefault(rid, [ctx, np.zeros(0, np.int64), 0])
-        writers = list(self.decode.running) + extra
-        if self.decode.running:
+        running = list(self.decode.running)
+        if running:
             d, done = self.decode.step()
         else:
             # NOTE: only requests that finished already: the step still runs (SGLang filters them
             # out of the running batch when it processes the earlier step's result, after this launch)
-            d, done = self.decode.steps.step_us([self._dec_kv[r][0] for r in extra], self.decode.step_count), []
+            d, done = self.decode.steps.step_us([self._decoding[r].ctx for r in extra], self.decode.step_count), []
         k = self.counts["decode_steps"] = self.counts.get("decode_steps", 0) + 1
-        stores = []
-        for rid in writers:
-            st = self._dec_kv[rid]
-            if st[2] == len(st[1]):
-                more = self._alloc(self.page)
-                if more is None:
-                    # NOTE: SGLang would retract a request here; the model writes no KV for it
-                    self.counts["decode_kv_skipped"] += 1
-                    continue
-                st[1] = np.concatenate([st[1], np.asarray(more, np.int64)])
-            stores.append((rid, st[1][st[2]:st[2] + 1]))
-            st[2] += 1
-            st[0] += 1
+        # NOTE: a finished request's extra step writes its token into the page freed when the
+        # earlier step's result is processed (SGLang #36738)
+        parts, store = self._decode_kv(running, extra)
         layers = self.model.n_layers
-        store = self._next_store() if stores else 0
         for layer in range(layers):
-            if stores:
-                self._store_batch([slot for _, slot in stores], stores[0][0], store, layer)
+            if parts:
+                self._store_batch(parts, (running + extra)[0], store, layer)
             s.host.issue({"op": "compute", "stream": "forward", "duration_us": d / layers, "jitter": False,
                           "id": f"decode{k - 1}.L{layer}"})
         event = self._record_copy_done(f"decode{k - 1}")
@@ -882,7 +884,11 @@ class PrefillEngine:
     def _record_store(self, a: _Admitted, slots: np.ndarray, store: int) -> None:
         """Tell the KV oracle which token prefix each unit store ``store`` wrote for ``a``
         holds."""
-        pos = len(a.prefix) + a.done + np.arange(len(slots), dtype=np.int64)
+        self._record_kv(a.req, slots, len(a.prefix) + a.done + np.arange(len(slots), dtype=np.int64), store)
+
+    def _record_kv(self, req: Request, slots: np.ndarray, pos: np.ndarray, store: int) -> None:
+        """Tell the KV oracle that store ``store`` wrote, for ``req``, the KV of positions ``pos``
+        of its sequence into ``slots``."""
         entries, positions = {}, {}
         for role, (name, _) in self.buffers.items():
             r = self.ratios[role]
@@ -892,14 +898,72 @@ class PrefillEngine:
                 raise EngineError(f"pool {role}: {len(ent)} entries for {int(done.sum())} slots completing a group "
                                   f"of {r} tokens (the session's entry mapping and the model's ratio disagree)")
             entries[role], positions[role] = ent, pos[done]
-        self.oracle.record_store(a.req, store, entries, positions)
+        self.oracle.record_store(req, store, entries, positions)
+
+    def _decode_kv(self, running: list, extra=()) -> tuple[list, int]:
+        """A colocated decode step's KV: each request of ``running`` writes its newest token's
+        KV at its position ``ctx``, in its own slots (the prompt's tail page, then a page at a
+        time, evicting for it; with no page to be had the request writes nothing more: SGLang
+        would retract it); so does each of ``extra`` (finished, in the overlap loop's extra
+        step: SGLang #36738).  Returns the slots to store, in request order, and the store's
+        number (its keys recorded for the KV oracle).
+
+        NOTE: one token per request, as the GPU writes it; where a buffer's unit is a page the
+        session's write covers the whole page (``CacheSession.store_kv``), so the page's last
+        store is the origin of all of it and files the key of the prefix up to its last entry,
+        which is the key the next turn expects of a full page (the KV oracle's module doc)."""
+        writes = []
+        for rid in [*running, *extra]:
+            d = self._decoding[rid]
+            p = d.ctx
+            d.ctx += 1
+            if d.hole is not None:
+                continue
+            i = p - len(d.prefix)
+            if i >= len(d.own):
+                more = self._alloc(self.page)
+                if more is None:
+                    self.counts["decode_kv_skipped"] += 1
+                    d.hole = p
+                    continue
+                d.own = np.concatenate([d.own, np.asarray(more, np.int64)])
+            writes.append((d.req, d.own[i:i + 1], np.array([p], np.int64)))
+        if not writes:
+            return [], 0
+        store = self._next_store()
+        for req, slots, pos in writes:
+            self._record_kv(req, slots, pos, store)
+        return [slots for _, slots, _ in writes], store
+
+    def _release(self, d: _Decoding) -> None:
+        """SGLang's ``release_kv_cache`` -> ``cache_finished_req`` for a colocated request: its
+        committed KV (``kv_committed_len``: prompt and output but the last output token, whose
+        KV no step computed; less where a decode step found no page), page-aligned, is inserted
+        into the tree with the slots that hold it; the slots of what the tree already had past
+        the protected prompt and the unaligned tail are freed; its lock goes."""
+        req, n = d.req, len(d.prefix)
+        committed = min(d.ctx, req.input_len + req.output_len - 1)
+        if d.hole is not None:
+            committed = min(committed, d.hole)
+        end = committed // self.page * self.page
+        rest = d.own
+        if end > n:
+            ids = np.concatenate([tokens(req), output_tokens(req)])[:end]
+            res = self.cache.insert(InsertParams(RadixKey(ids), np.concatenate([d.prefix, d.own[:end - n]])))
+            dup = d.own[:max(0, min(res.prefix_len, end) - n)]
+            if len(dup):
+                self.session.allocator.free(dup)
+            rest = d.own[end - n:]
+        if len(rest):
+            self.session.allocator.free(rest)
+        self.cache.dec_lock_ref(d.node)
 
     def _finish(self, rid: int, t_us: float, completed: bool = True) -> None:
         """Request ``rid``'s last output token came at ``t_us``: the turn is complete
         (``completed=False``: it ended aborted, already listed in ``aborted``)."""
-        node = self._held.pop(rid, None)
-        if node is not None:
-            self.cache.dec_lock_ref(node)
+        d = self._decoding.pop(rid, None)
+        if d is not None:
+            self._release(d)
         if completed:
             self.completed.append(rid)
         self.waiting.extend(self.driver.complete(rid, int(t_us)))
@@ -942,7 +1006,11 @@ class PrefillEngine:
         self.decode.join(s.now)
         if not self.decode.running:
             return False
+        running = list(self.decode.running)
+        parts, store = self._decode_kv(running)
         d, done = self.decode.step()
+        if parts:
+            self._store_batch(parts, running[0], store)
         # jitter: false: the step model applied its keyed jitter already
         s.host.issue({"op": "compute", "stream": "forward", "duration_us": d, "jitter": False,
                       "id": f"decode{self.decode.step_count - 1}"})

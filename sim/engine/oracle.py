@@ -56,7 +56,7 @@ from typing import Mapping
 
 import numpy as np
 
-from sim.engine.workload import TokenSource, tokens
+from sim.engine.workload import TokenSource, output_tokens, tokens
 from sim.errors import InputError
 from sim.pools.layouts import PagedLayout
 
@@ -64,11 +64,13 @@ __all__ = ["ContentKeys", "KVOracle", "LayerContents", "content_key"]
 
 
 def content_key(req, n: int) -> tuple:
-    """The content key of the first ``n`` tokens of request ``req``'s sequence."""
+    """The content key of the first ``n`` tokens of request ``req``'s sequence (its input, then
+    its output: a colocated request's decode KV)."""
     src = req.source
     if isinstance(src, TokenSource):
         return (-1, n) if n <= src.system_prompt_tokens else (req.session, n)
-    return ("h", hashlib.blake2b(tokens(req)[:n].tobytes(), digest_size=12).hexdigest())
+    ids = tokens(req) if n <= req.input_len else np.concatenate([tokens(req), output_tokens(req)])
+    return ("h", hashlib.blake2b(ids[:n].tobytes(), digest_size=12).hexdigest())
 
 
 class LayerContents:
