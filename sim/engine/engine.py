@@ -25,18 +25,20 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    index-K store and ``set_kv_buffer`` never wait on a layer event and write slots no load
    touches), then the forward pass (``issue_forward``) with the scenario's gate map, options
    and cost model; the scheduler waits for the forward stream (``copy_done.synchronize()``);
-5. per request: ``insert`` (page-aligned key; duplicates and the unaligned tail freed), then
-   its decode (:mod:`sim.engine.decode`): PD, the prefill side unlocks its node and the decode
-   engine (its own GPUs, simulated time only) receives the KV and decodes it; colocated, the
-   node stays locked and the engine runs decode steps on the forward stream whenever no
-   prefill batch can be formed.  The turn completes in the :class:`WorkloadDriver` at its last
-   output token.
+5. per request: ``insert`` (page-aligned key; duplicates freed), then its decode
+   (:mod:`sim.engine.decode`): PD, the prefill side frees the unaligned tail, unlocks its node
+   and the decode engine (its own GPUs, simulated time only) receives the KV and decodes it;
+   colocated (``cache_unfinished_req``), the request keeps its tail page and its page-aligned
+   prompt locked, the engine runs decode steps on the forward stream whenever no prefill batch
+   can be formed, each writing every running request's newest KV into its own slots, and the
+   request's release inserts its prompt and output (``cache_finished_req``).  The turn
+   completes in the :class:`WorkloadDriver` at its last output token.
 
 With ``scheduler.event_loop = "overlap"`` the loop is SGLang's ``event_loop_overlap`` instead
 (docs/engine.md, "The overlap loop"): the chunked request stashed into the tree per chunk, batch
 N+1 formed and launched (its load started) before batch N's result is processed on an event
-recorded after N's forward; colocated, decode steps are launched the same way and write each
-request's output KV into its own decode pages.
+recorded after N's forward; colocated, decode steps are launched the same way (their KV
+written per layer).
 
 When nothing is admissible (and, colocated, nothing decodes) the scheduler idles a short host
 delay (or until the next arrival or decode event) and polls again.  The run ends when the driver
@@ -690,8 +692,8 @@ class PrefillEngine:
 
     def _prefill_done(self, a: _Admitted) -> None:
         """Request ``a``'s last chunk has been computed (its batch's result is processed):
-        ``insert`` its KV (duplicates of what the tree has and the unaligned tail freed), then
-        hand it to decode."""
+        ``insert`` its KV (duplicates of what the tree has freed), then hand it to decode (PD:
+        its unaligned tail freed; colocated: kept, :class:`_Decoding`)."""
         s = self.session
         self._ids.pop(a.req.rid, None)
         res = self.cache.insert(InsertParams(a.key, np.concatenate([a.prefix, a.new[:a.n_new]])))
@@ -1001,7 +1003,9 @@ class PrefillEngine:
 
     def _decode_step_colocated(self) -> bool:
         """Colocated: one decode step of the running batch on the forward stream (SGLang runs
-        a decode batch when no prefill batch could be formed); False when nothing decodes."""
+        a decode batch when no prefill batch could be formed): its KV (:meth:`_decode_kv`, one
+        write per buffer covering every layer), its compute, then the requests it finished
+        released; False when nothing decodes."""
         s = self.session
         self.decode.join(s.now)
         if not self.decode.running:
