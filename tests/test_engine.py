@@ -364,6 +364,13 @@ def _path_len(node) -> int:
     return n
 
 
+def _assert_no_slot_lost(e, pool_tokens: int) -> None:
+    """At the end of a run every page of the pool is the tree's or free."""
+    tree = np.flatnonzero(e._tree_slots() > 0)
+    pages = set((tree // e.page).tolist()) | set(np.asarray(e.session.allocator.free_page_ids()).tolist())
+    assert len(pages) * e.page == pool_tokens
+
+
 def test_colocated_request_keeps_its_whole_prompt_locked_until_its_decode_ends():
     """SGLang's ``process_batch_result_prefill`` -> ``cache_unfinished_req``: once a request's
     prefill is done its page-aligned prompt is in the tree and its lock has moved to the node the
@@ -416,9 +423,7 @@ def test_colocated_release_inserts_the_output_and_the_next_turn_matches_it(loop,
             later += 1
         prev[req.session] = req
     assert later > 0
-    tree = np.flatnonzero(e._tree_slots() > 0)
-    pages = set((tree // e.page).tolist()) | set(np.asarray(e.session.allocator.free_page_ids()).tolist())
-    assert len(pages) * e.page == 65536
+    _assert_no_slot_lost(e, 65536)
 
 
 def test_colocated_decode_without_a_page_writes_no_more_and_releases_what_it_wrote():
@@ -431,6 +436,4 @@ def test_colocated_decode_without_a_page_writes_no_more_and_releases_what_it_wro
     assert e.counts["decode_kv_skipped"] > 0
     assert r.requests_completed == r.requests_total and r.requests_corrupted == r.requests_wrong_kv == 0
     assert not e._decoding
-    tree = np.flatnonzero(e._tree_slots() > 0)
-    pages = set((tree // e.page).tolist()) | set(np.asarray(e.session.allocator.free_page_ids()).tolist())
-    assert len(pages) * e.page == 1536
+    _assert_no_slot_lost(e, 1536)

@@ -20,6 +20,7 @@ from sim.errors import InputError
 from sim.executor import run_schedule
 from sim.profile import load_profile
 from sim.schedule import validate
+from tests.test_engine_overlap import FENCE, FENCE_SEED
 from tests.test_engine_tp_session import h200_variant
 from sim.snapshot import snapshot_of
 from tests.test_cache_session import same_snapshot
@@ -167,7 +168,6 @@ def test_exported_races_of_either_rank_rerun_with_the_same_verdict(tmp_path):
 def test_overlap_loop_on_two_ranks_streams_the_same_result_as_keep_all():
     """The overlap loop (per-layer KV stores issued on each rank inside its own forward,
     ``copy_done`` recorded and waited for on every rank) under ``load-unfenced``."""
-    from tests.test_engine_overlap import FENCE, FENCE_SEED
     # NOTE: test_engine_overlap.py's fence run: the freed page reaches a load-back in time
     sets = ["variant.gate_map=upstream-0.5.11", "scheduler.event_loop=overlap", *FENCE, "run.layers=4",
             "variant.hypotheses=load-unfenced", "deployment.simulated_ranks=2"]
