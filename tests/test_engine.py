@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from sim.engine import EngineResult, PrefillEngine, reduced_model, run_prefill_engine
-from sim.engine.engine import EngineError, OwnershipError
+from sim.engine.engine import EngineError, OwnershipError, _Admitted
 from sim.engine.models import model
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
@@ -383,9 +383,9 @@ def test_colocated_request_keeps_its_whole_prompt_locked_until_its_decode_ends()
     while e.step():
         for rid, d in e._decoding.items():
             prompt = d.req.input_len
-            assert _path_len(d.node) == len(d.prefix) == prompt // e.page * e.page, rid
+            assert _path_len(d.node) == len(d.prefix) == len(d.prefix) // e.page * e.page >= prompt // e.page * e.page, rid
             assert d.node.lock_ref > 0, rid
-            assert d.ctx >= prompt and len(d.own) >= (d.ctx if d.hole is None else d.hole) - len(d.prefix), rid
+            assert d.ctx >= prompt and len(d.own) >= d.ctx - len(d.prefix), rid
             seen += 1
     r = e.finish()
     assert seen > 0 and r.load_backs > 0 and r.requests_completed == r.requests_total
@@ -404,16 +404,16 @@ def test_colocated_release_inserts_the_output_and_the_next_turn_matches_it(loop,
     matched = []
     admit = PE._admit
 
-    def spy(self, req, budget, can_chunk):
-        a = admit(self, req, budget, can_chunk)
-        if a is not None:
+    def spy(self, req, budget, can_chunk, **kw):
+        a = admit(self, req, budget, can_chunk, **kw)
+        if isinstance(a, _Admitted):
             matched.append((req, len(a.prefix)))
         return a
     monkeypatch.setattr(PE, "_admit", spy)
     e = small("upstream-0.5.11", "scheduler.max_total_tokens=65536", f"scheduler.event_loop={loop}")
     r = e.run()
     assert r.requests_completed == r.requests_total and r.requests_corrupted == r.requests_wrong_kv == 0
-    assert e.counts["decode_kv_skipped"] == 0
+    assert r.requests_retracted == 0
     prev = {}
     later = 0
     for req, n in sorted(matched, key=lambda x: x[0].rid):
@@ -426,14 +426,64 @@ def test_colocated_release_inserts_the_output_and_the_next_turn_matches_it(loop,
     _assert_no_slot_lost(e, 65536)
 
 
-def test_colocated_decode_without_a_page_writes_no_more_and_releases_what_it_wrote():
-    """In a tight pool a decode step that finds no page for a request's next token (every page
-    locked or held) writes nothing more for it (SGLang would retract it); its release inserts
-    only the KV it wrote, every request still completes, no read sees KV not its own, and no
-    slot is lost."""
-    e = small("upstream-0.5.11", "scheduler.max_total_tokens=1536", "workload.max_context_tokens=1472")
-    r = e.run()
-    assert e.counts["decode_kv_skipped"] > 0
-    assert r.requests_completed == r.requests_total and r.requests_corrupted == r.requests_wrong_kv == 0
-    assert not e._decoding
+#: a colocated workload whose decode outgrows a 1,536-token pool: six sessions in flight with
+#: short prompts and long outputs (three turns, contexts up to 1,400 tokens)
+PRESSURE = ("scheduler.max_total_tokens=1536", "workload.max_context_tokens=1400", "workload.concurrency=6",
+            "workload.first_turn_tokens=256", "workload.user_tokens_min=64", "workload.user_tokens_max=128",
+            "workload.output_tokens_min=256", "workload.output_tokens_max=512", "workload.sessions=8",
+            "workload.max_turns=3")
+
+
+def _pressure_run(loop: str, conservativeness: float, monkeypatch=None):
+    """The PRESSURE run; with ``monkeypatch``, each retraction and re-admission recorded."""
+    log = dict(retracted=[], admitted=[])
+    if monkeypatch is not None:
+        retract, admit = PrefillEngine._retract, PrefillEngine._admit
+
+        def spy_retract(self, rid, decoded, remaining):
+            d = self._decoding[rid]
+            log["retracted"].append((rid, decoded[rid], d.ctx - d.req.input_len))
+            return retract(self, rid, decoded, remaining)
+
+        def spy_admit(self, req, budget, can_chunk, **kw):
+            had = self._retracted.get(req.rid)
+            a = admit(self, req, budget, can_chunk, **kw)
+            if isinstance(a, _Admitted) and had is not None:
+                log["admitted"].append((req.rid, had, len(a.key) - req.input_len))
+            return a
+        monkeypatch.setattr(PrefillEngine, "_retract", spy_retract)
+        monkeypatch.setattr(PrefillEngine, "_admit", spy_admit)
+    e = small("upstream-0.5.11", *PRESSURE, f"scheduler.event_loop={loop}",
+              f"scheduler.schedule_conservativeness={conservativeness}")
+    return e, e.run(), log
+
+
+@pytest.mark.parametrize("loop", ["normal", "overlap"])
+def test_colocated_decode_retracts_when_a_step_finds_no_page(loop, monkeypatch):
+    """SGLang's ``update_running_batch`` -> ``retract_decode``: when a decode step's new pages
+    do not fit, requests leave the batch with their KV freed (not inserted) and queue again;
+    each prefills again its prompt and the output it had (the overlap loop: without the token
+    of the step whose result was not processed yet) and goes on to finish.  Every request
+    completes, every read is the reader's own KV, and no slot is lost."""
+    e, r, log = _pressure_run(loop, 0.1, monkeypatch)
+    assert r.requests_retracted == len(log["retracted"]) > 0
+    assert r.requests_completed == r.requests_total and not r.requests_aborted
+    assert r.requests_corrupted == r.requests_wrong_kv == 0
+    for rid, had, wrote in log["retracted"]:
+        assert 0 <= had <= wrote and wrote - had <= (loop == "overlap"), (rid, had, wrote)
+    if loop == "overlap":
+        assert any(wrote - had == 1 for _, had, wrote in log["retracted"])
+    # every retracted request was admitted again with the output it had
+    assert sorted((rid, had) for rid, had, _ in log["retracted"]) == \
+        sorted((rid, had) for rid, had, n in log["admitted"] if n == had)
+    assert not e._decoding and not e._retracted
     _assert_no_slot_lost(e, 1536)
+
+
+def test_admission_reserves_decode_memory_so_fewer_requests_are_retracted():
+    """PrefillAdder's ``rem_total_tokens``: admission holds back room for the running requests'
+    remaining output (the new-token ratio, from ``schedule_conservativeness``); a lower ratio
+    admits more and retracts more."""
+    runs = {c: _pressure_run("normal", c)[1] for c in (1.0, 0.1)}
+    assert runs[1.0].requests_retracted < runs[0.1].requests_retracted
+    assert all(r.requests_completed == r.requests_total for r in runs.values())

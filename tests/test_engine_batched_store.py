@@ -13,9 +13,10 @@ from sim.cache import CacheSession
 from sim.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 
-#: a small normal-loop run whose first batch holds four requests, its third two
+#: a small normal-loop run whose first batch holds four requests, its third three (a 6,144-token
+#: pool: admission's decode-memory reservation, sim.engine.budget, leaves room for all four)
 SETS = ["run.layers=2", "variant.gate_map=upstream-0.5.11", "workload.sessions=4", "workload.max_turns=2",
-        "workload.concurrency=4"]
+        "workload.concurrency=4", "scheduler.max_total_tokens=6144"]
 
 
 def _logged(sets, seed=0, drop=None):

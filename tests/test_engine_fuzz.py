@@ -47,29 +47,44 @@ def test_a_request_longer_than_the_pool_is_aborted_with_a_reason(capsys, pool):
     """Fuzz case 126 (seed 0): a first turn of 518 tokens on a 256- or 512-token device pool raised
     EngineError (a traceback).  SGLang aborts such a request when it comes in
     (validate_input_length: input >= max_req_input_len = pool - 1 - 5) and the client's session
-    ends; the run goes on with the next sessions."""
+    ends; the run goes on with the next sessions.  A shorter input whose input, max_new_tokens
+    and a page still reach the pool can never pass colocated admission (SGLang would keep it
+    queued forever): it is aborted too, with that reason."""
     klass, symptom, d = judged(capsys, "glm5-22811", SMALL + [f"scheduler.max_total_tokens={pool}"])
     assert klass == "OK", symptom
     assert d["requests_aborted"] >= 1
     assert d["requests_completed"] + d["requests_aborted"] == d["requests_total"]
     for a in d["aborted_requests"]:
-        assert a["input_tokens"] >= pool - 6 and "exceeds the maximum allowed length" in a["reason"]
+        if a["input_tokens"] >= pool - 6:
+            assert "exceeds the maximum allowed length" in a["reason"]
+        else:
+            assert a["input_tokens"] + 64 >= pool - 16 and "admission could never take it" in a["reason"]
 
 
 def test_the_abort_boundary_is_sglangs_max_req_input_len(tmp_path):
     """An input of exactly pool - 6 tokens is aborted, pool - 7 is not (SGLang: max_req_len =
-    pool - 1, max_req_input_len = max_req_len - 5, abort when input >= it)."""
+    pool - 1, max_req_input_len = max_req_len - 5, abort when input >= it): PD, it completes;
+    colocated, it is refused for another reason (its page-rounded input and a page exceed the
+    pool, so admission's reservation could never take it), down to pool - 64 (a page: its
+    max_new_tokens is bounded to 0 there); pool - 65 fits."""
     from sim.engine.engine import run_prefill_engine
     from sim.engine.scenario import load_scenario
 
     pool = 1024
-    for n, aborted in ((pool - 6, True), (pool - 7, False)):
+    for mode, n, reason in (("pd", pool - 6, "exceeds the maximum allowed length"), ("pd", pool - 7, None),
+                            ("colocated", pool - 6, "exceeds the maximum allowed length"),
+                            ("colocated", pool - 7, "admission could never take it"),
+                            ("colocated", pool - 64, "admission could never take it"),
+                            ("colocated", pool - 65, None)):
         trace = tmp_path / f"t{n}.jsonl"
         trace.write_text(json.dumps({"session": 0, "turn": 0, "input_tokens": n, "output_tokens": 2}) + "\n")
         sc = load_scenario("glm5-22811", SMALL + [f"scheduler.max_total_tokens={pool}", "workload.kind=trace",
-                                                  f"workload.trace={trace}"])
+                                                  f"workload.trace={trace}", f"deployment.mode={mode}",
+                                                  *(["deployment.gpus=2", "hicache.decode=false"] if mode == "pd" else [])])
         res = run_prefill_engine(sc)
-        assert (res.requests_aborted == 1) is aborted
+        assert res.requests_aborted == (reason is not None), (mode, n)
+        if reason is not None:
+            assert reason in res.aborted_requests[0]["reason"], (mode, n)
         assert res.requests_completed + res.requests_aborted == res.requests_total == 1
 
 

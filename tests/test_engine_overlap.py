@@ -30,7 +30,7 @@ FENCE_LAYERS = "run.layers=4"
 FENCE = ["workload.sessions=6", "workload.max_turns=3", "workload.concurrency=4", "scheduler.max_total_tokens=1024",
          "workload.first_turn_tokens=256", "workload.user_tokens_min=64", "workload.user_tokens_max=128",
          "workload.output_tokens_min=64", "workload.output_tokens_max=96", "workload.max_context_tokens=960"]
-FENCE_SEED = 1
+FENCE_SEED = 3
 
 
 def _engine(sets, seed=0, keep="all") -> PrefillEngine:
@@ -186,14 +186,14 @@ def test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it(fen
 @pytest.mark.parametrize("sets, seed", [
     pytest.param(["run.layers=2", "variant.gate_map=upstream-0.5.10", "scheduler.event_loop=overlap", *TIGHT], 0,
                  marks=pytest.mark.slow),
-    pytest.param([*SMALL, *FENCE, "variant.hypotheses=load-unfenced", CHUNKS, BUSY], 1, marks=pytest.mark.slow),
-    pytest.param([*SMALL, *FENCE, "variant.hypotheses=load-unfenced"], 1, marks=pytest.mark.slow),
+    pytest.param([*SMALL, *FENCE, "variant.hypotheses=load-unfenced", CHUNKS, BUSY], FENCE_SEED, marks=pytest.mark.slow),
+    pytest.param([*SMALL, *FENCE, "variant.hypotheses=load-unfenced"], FENCE_SEED, marks=pytest.mark.slow),
 ])
 def test_overlap_streaming_equals_the_end_of_run_verdicts(sets, seed):
     """The overlap loop's streamed verdicts equal the end-of-run ones, on runs whose verdicts
     are not empty: the 0.5.10 gate map corrupts requests; on the fence runs' short turns the
     unfenced loads of two layers race the late decode writes (latent races: 8, and 4 with chunks,
-    at seed 1) without corrupting a read. The unfenced run that corrupts (four layers) is compared
+    at seed 3) without corrupting a read. The unfenced run that corrupts (four layers) is compared
     streamed against end of run by
     ``test_load_unfenced_corrupts_with_the_overlap_loop_and_the_fence_stops_it``."""
     sc = load_scenario("glm5-22811-small", sets)

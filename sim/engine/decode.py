@@ -170,6 +170,12 @@ class DecodeEngine:
             _, _, rid, ctx, out = heapq.heappop(self.arriving)
             self.running[rid] = [ctx, out]
 
+    def retract(self, rid: int) -> None:
+        """Request ``rid`` leaves the running batch unfinished (colocated retraction, or an
+        abort); nothing if it is not running (it finished in a step whose result the engine has
+        not processed yet)."""
+        self.running.pop(rid, None)
+
     def step(self) -> tuple[float, list[int]]:
         """One step of the running batch: its duration, and the requests it finishes (each
         gains a token; a request whose last output token this is finishes)."""

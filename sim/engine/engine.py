@@ -60,6 +60,7 @@ from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.ranks import rank_name
 from sim.cache.session import BATCH_EVENT, MODEL_ROLES, CacheSession
+from sim.engine.budget import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS, NewTokenRatio, retract_order
 from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
 from sim.engine.hypotheses import CONTROLLER_KEYS
@@ -136,8 +137,11 @@ class EngineResult:
     ``validate_input_length`` does (an input of ``max_req_input_len`` tokens or more: the
     device pool less 6), and requests the byte-level decode side aborted (a failed restore:
     ``decode.restores_failed``); ``aborted_requests`` lists each (``rid``, ``input_tokens``,
-    ``reason``).  Every released request ends completed or aborted:
-    ``requests_completed + requests_aborted == requests_total``."""
+    ``reason``), and colocated requests aborted because even alone they found no page to
+    decode into (``retract_decode``'s last request).  Every released request ends completed or
+    aborted: ``requests_completed + requests_aborted == requests_total``.
+    ``requests_retracted``: colocated retractions (a decode step's pages did not fit; the
+    request prefilled again later: :mod:`sim.engine.budget`), counted once per retraction."""
 
     scenario: str
     seed: int
@@ -174,12 +178,14 @@ class EngineResult:
     decode: dict | None = None
     requests_aborted: int = 0
     aborted_requests: list = field(default_factory=list)
+    requests_retracted: int = 0
 
     def to_dict(self) -> dict:
         """The fields as a dict; ``simulated_ranks`` and ``corrupted_reads_by_rank`` only when
         more than one rank was simulated, ``decode`` only with a byte-level decode side,
-        ``requests_aborted`` and ``aborted_requests`` only when a request was aborted (so a
-        one-rank result without them is what it was before any existed)."""
+        ``requests_aborted`` and ``aborted_requests`` only when a request was aborted,
+        ``requests_retracted`` only when one was (so a one-rank result without them is what it
+        was before any existed)."""
         d = dataclasses.asdict(self)
         if self.simulated_ranks == 1:
             d.pop("simulated_ranks")
@@ -188,6 +194,8 @@ class EngineResult:
             del d["decode"]
         if not self.requests_aborted:
             del d["requests_aborted"], d["aborted_requests"]
+        if not self.requests_retracted:
+            del d["requests_retracted"]
         return d
 
     def signature(self) -> dict:
@@ -246,25 +254,31 @@ class _Decoding:
     ``cache_unfinished_req`` leaves it (the tree's slots of its page-aligned prompt, ``prefix``,
     under its lock on ``node``; its own slots from there on, ``own``: the prompt's unaligned tail
     page, then a page at a time as decode needs them) and how far its KV goes: ``ctx`` positions
-    written (prompt, then one per decode step), ``hole`` the first position a decode step could
-    not write (no page to be had; nothing is written after it)."""
+    written (prompt, then one per decode step)."""
 
     req: Request
     node: object
     prefix: np.ndarray
     own: np.ndarray
     ctx: int
-    hole: int | None = None
 
 
 class _Launched(NamedTuple):
     """A batch the overlap loop launched: the requests whose prefill it completes, the event
     recorded on the forward stream after its forward (SGLang's ``copy_done``), and for a
-    colocated decode step the requests whose last output token it produced."""
+    colocated decode step the requests whose last output token it produced (``decoded``) and
+    those it produced a token for (``ran``: until its result is processed the scheduler does
+    not have that token)."""
 
     finished: list
     event: str
     decoded: tuple = ()
+    ran: tuple = ()
+
+
+#: ``PrefillEngine._admit``'s answer when the decode-memory reservation leaves no room
+#: (PrefillAdder's ``AddReqResult.NO_TOKEN``: the batch takes no more requests)
+_NO_TOKEN = object()
 
 
 #: the overlap loop's batch events: two suffice, a batch's result is processed before the batch
@@ -402,7 +416,13 @@ class PrefillEngine:
         # is processed in the next iteration (SGLang's result_queue of one)
         self.overlap_loop = sc.scheduler.event_loop == "overlap"
         self._pending: _Launched | None = None
-        self.counts["decode_kv_skipped"] = 0
+        self.counts["retractions"] = 0
+        # colocated: SGLang's decode-memory budget (sim.engine.budget): the new-token ratio
+        # admission reserves by, the requests retracted (rid -> output tokens they had, until
+        # their prefill is done again) and when each re-entered the queue
+        self.ratio = NewTokenRatio.from_conservativeness(sc.scheduler.schedule_conservativeness)
+        self._retracted: dict[int, int] = {}
+        self._queued: dict[int, float] = {}
         self.counts["stash_frees"] = 0
         self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
@@ -451,16 +471,25 @@ class PrefillEngine:
         if got is None:
             if len(self._ids) >= 4 * self.scenario.scheduler.max_running_requests:
                 self._ids.clear()            # NOTE: a bound only; requests done are dropped below
-            got = self._ids[req.rid] = tokens(req)
+            got = tokens(req)
+            if req.rid in self._retracted:
+                # NOTE: a retracted request prefills again its prompt and the output it had
+                # (SGLang's fill_ids: origin_input_ids + output_ids)
+                got = np.concatenate([got, output_tokens(req)[:self._retracted[req.rid]]])
+            self._ids[req.rid] = got
             got.setflags(write=False)
         return got
 
-    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool) -> _Admitted | None:
+    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool, reserved: float | None = None):
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
         it does not fit the chunk budget (and may not be chunked) or the device pool now.
         A request whose new tokens exceed the budget is admitted as the chunked request when
         ``can_chunk`` and at least a page of budget is left: this batch computes a page-aligned
-        first chunk of it (``chunk``), later batches the rest."""
+        first chunk of it (``chunk``), later batches the rest.  ``reserved`` (colocated): the
+        tokens the batch's decode-memory reservation holds so far (:meth:`_reserve`);
+        ``_NO_TOKEN``, holding nothing, when the request's new tokens, remaining output and a
+        page do not fit in the free and evictable tokens less that (PrefillAdder's
+        ``rem_total_tokens`` check, made with the matched prefix locked)."""
         cache = self.cache
         ids = self._tokens(req)
         key = RadixKey(ids)
@@ -480,6 +509,10 @@ class PrefillEngine:
         # takes the prefix just matched
         held = node
         cache.inc_lock_ref(held)
+        if reserved is not None and (n_total - len(prefix) + self._max_new(req) + self.page
+                                     >= self.session.allocator.available_size() + cache.evictable_size() - reserved):
+            cache.dec_lock_ref(held)
+            return _NO_TOKEN
         if not self._ensure(-(-(n_total - len(prefix)) // self.page) * self.page):
             cache.dec_lock_ref(held)
             return None
@@ -512,6 +545,40 @@ class PrefillEngine:
 
     def _alloc(self, need: int):
         return self.session.allocator.alloc(need) if self._ensure(need) else None
+
+    def _evict_for(self, need: int) -> None:
+        """SGLang's ``evict_from_tree_cache``: when fewer than ``need`` device tokens are free,
+        ask the tree to evict ``need`` (not the shortfall)."""
+        if self.session.allocator.available_size() < need:
+            self.cache.evict(EvictParams(need))
+
+    def _max_new_tokens(self, req: Request) -> int:
+        """The request's ``max_new_tokens`` as SGLang's ``init_req_max_new_tokens`` bounds it:
+        its output length, at most ``max_req_len - input - 1`` and ``pool - page-rounded input -
+        page - 1`` (so a request alone always fits admission's reservation).  A colocated
+        request stops there (:meth:`_out_len`)."""
+        pool = int(self.scenario.scheduler.max_total_tokens)
+        return max(0, min(req.output_len, pool - 1 - req.input_len - 1,
+                          pool - self._paged(req.input_len) - self.page - 1))
+
+    def _out_len(self, req: Request) -> int:
+        """The output tokens the request produces: colocated, its ``max_new_tokens`` (at least
+        one: the prefill's own token), so in a pool too small for its whole turn it finishes
+        by length as in SGLang; PD, the turn's output (the decode side is not bounded here)."""
+        return req.output_len if self.pd else max(1, self._max_new_tokens(req))
+
+    def _max_new(self, req: Request) -> int:
+        """PrefillAdder's ``max_new``: the request's ``max_new_tokens`` less the output it has
+        (a retracted request's), at most ``CLIP_MAX_NEW_TOKENS``."""
+        return min(max(self._max_new_tokens(req) - self._retracted.get(req.rid, 0), 0), CLIP_MAX_NEW_TOKENS)
+
+    def _reserve(self) -> float:
+        """PrefillAdder's ``rem_total_token_offset`` at the start of a batch: the new-token
+        ratio times each decoding request's remaining output tokens (``max_new_tokens`` less
+        its output so far, at most ``CLIP_MAX_NEW_TOKENS``)."""
+        left = sum(min(max(self._max_new_tokens(d.req) - (d.ctx - d.req.input_len), 0), CLIP_MAX_NEW_TOKENS)
+                   for d in self._decoding.values())
+        return left * self.ratio.current
 
     # ---------------------------------------------------------------- ownership
     def _tree_slots(self) -> np.ndarray:
@@ -597,27 +664,44 @@ class PrefillEngine:
         used = 0
         # NOTE: as SGLang's PrefillAdder, the chunked request in progress goes first with its
         # next chunk; at most one request is chunked at a time
+        # NOTE: colocated, admission reserves room for the decoding requests' remaining
+        # output and for what each admitted request will need (sim.engine.budget); a request
+        # that does not fit it ends the batch (NO_TOKEN).  PD prefill: no decode to reserve for
+        reserved = None if self.pd else self._reserve()
         if self.chunked is not None:
             a, self.chunked = self.chunked, None
             a.chunk = int(min(a.n_new - a.done, budget))
             batch.append(a)
             used += a.chunk
+            if reserved is not None:
+                last = a.done + a.chunk >= a.n_new
+                reserved += self._paged(a.chunk) + (self._max_new(a.req) if last else 0) + self.page
         chunking = bool(batch)
         self._abort_too_long(now)
         rest = []
-        for req in sorted(self.waiting, key=lambda r: (r.arrival_us, r.rid)):
-            if req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests or used >= budget:
+        full = False
+        # NOTE: the queue in arrival order; a retracted request re-enters it at its retraction
+        for req in sorted(self.waiting, key=lambda r: (self._queued.get(r.rid, r.arrival_us), r.rid)):
+            if (full or req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests
+                    or used >= budget):
                 rest.append(req)
                 continue
-            a = self._admit(req, budget - used, can_chunk=not chunking)
-            if a is None:
+            a = self._admit(req, budget - used, can_chunk=not chunking, reserved=reserved)
+            if a is _NO_TOKEN:
+                full = True
+            if a is None or a is _NO_TOKEN:
                 rest.append(req)
                 continue
             batch.append(a)
             used += a.chunk
             chunking = chunking or a.chunk < a.n_new
+            if reserved is not None:
+                reserved += self._paged(a.chunk) + (self._max_new(req) if a.chunk == a.n_new else 0) + self.page
         self.waiting = rest
         return batch
+
+    def _paged(self, n: int) -> int:
+        return -(-n // self.page) * self.page
 
     def _prepare(self, batch: list[_Admitted]) -> tuple[int, int, list, ForwardBatch]:
         """What launching ``batch`` starts with, in either loop: its number ``k``, the load
@@ -715,7 +799,10 @@ class PrefillEngine:
         else:
             prefix = self._move_lock(a, a.key[:aligned]).device_indices if aligned else a.prefix
             self._decoding[a.req.rid] = _Decoding(a.req, a.node, np.asarray(prefix, np.int64), tail, len(a.key))
-        self.decode.admit(a.req.rid, s.now, len(a.key), a.req.output_len)
+        # a retracted request's output so far was prefilled again: its decode goes on from there
+        had = self._retracted.pop(a.req.rid, 0)
+        self._queued.pop(a.req.rid, None)
+        self.decode.admit(a.req.rid, s.now, len(a.key), self._out_len(a.req) - had)
 
     # ---------------------------------------------------------------- the overlap loop
     def _stash(self, a: _Admitted) -> None:
@@ -803,6 +890,10 @@ class PrefillEngine:
         for a in launched.finished:
             self._prefill_done(a)
         for rid in launched.decoded:
+            if rid not in self._decoding:
+                # NOTE: retracted (or aborted) when the next step was launched, before this
+                # result came (SGLang's process_batch_result_decode skips it: the token is dropped)
+                continue
             # NOTE: release_kv_cache -> cache_finished_req (_release): the request's last
             # (partial) page is freed here, while the decode step launched after this one may
             # still write the KV of its last token into it (that step ran it once more: it did
@@ -822,7 +913,15 @@ class PrefillEngine:
         extra = list(last.decoded) if last is not None else []
         if not self.decode.running and not extra:
             return None
+        # NOTE: update_running_batch runs before the last step's result is processed: the
+        # requests that finished in it are still in the batch (extra), and none of the batch
+        # has that step's token yet
         running = list(self.decode.running)
+        kept = set(self._update_running_batch(running + extra, unprocessed=set(last.ran) if last is not None else ()))
+        running = [r for r in running if r in kept]
+        extra = [r for r in extra if r in kept]
+        if not running and not extra:
+            return None
         if running:
             d, done = self.decode.step()
         else:
@@ -840,7 +939,7 @@ class PrefillEngine:
             s.host.issue({"op": "compute", "stream": "forward", "duration_us": d / layers, "jitter": False,
                           "id": f"decode{k - 1}.L{layer}"})
         event = self._record_copy_done(f"decode{k - 1}")
-        return _Launched([], event, tuple(done))
+        return _Launched([], event, tuple(done), tuple(running))
 
     def _step_overlap(self) -> bool:
         """One iteration of SGLang's ``event_loop_overlap``: poll; stash the chunked request
@@ -905,29 +1004,29 @@ class PrefillEngine:
     def _decode_kv(self, running: list, extra=()) -> tuple[list, int]:
         """A colocated decode step's KV: each request of ``running`` writes its newest token's
         KV at its position ``ctx``, in its own slots (the prompt's tail page, then a page at a
-        time, evicting for it; with no page to be had the request writes nothing more: SGLang
-        would retract it); so does each of ``extra`` (finished, in the overlap loop's extra
-        step: SGLang #36738).  Returns the slots to store, in request order, and the store's
-        number (its keys recorded for the KV oracle).
+        time: ``alloc_for_decode``, after :meth:`_update_running_batch` made room); so does
+        each of ``extra`` (finished, in the overlap loop's extra step: SGLang #36738).
+        Returns the slots to store, in request order, and the store's number (its keys
+        recorded for the KV oracle).
 
         NOTE: one token per request, as the GPU writes it; where a buffer's unit is a page the
         session's write covers the whole page (``CacheSession.store_kv``), so the page's last
         store is the origin of all of it and files the key of the prefix up to its last entry,
         which is the key the next turn expects of a full page (the KV oracle's module doc)."""
         writes = []
-        for rid in [*running, *extra]:
+        rids = [*running, *extra]
+        # NOTE: alloc_for_decode over-estimates, a page per request, for its eviction
+        self._evict_for(len(rids) * self.page)
+        for rid in rids:
             d = self._decoding[rid]
             p = d.ctx
             d.ctx += 1
-            if d.hole is not None:
-                continue
             i = p - len(d.prefix)
             if i >= len(d.own):
-                more = self._alloc(self.page)
+                more = self.session.allocator.alloc(self.page)
                 if more is None:
-                    self.counts["decode_kv_skipped"] += 1
-                    d.hole = p
-                    continue
+                    raise EngineError(f"request {rid}: no free page for decode position {p} after "
+                                      "check_decode_mem found room")
                 d.own = np.concatenate([d.own, np.asarray(more, np.int64)])
             writes.append((d.req, d.own[i:i + 1], np.array([p], np.int64)))
         if not writes:
@@ -940,13 +1039,11 @@ class PrefillEngine:
     def _release(self, d: _Decoding) -> None:
         """SGLang's ``release_kv_cache`` -> ``cache_finished_req`` for a colocated request: its
         committed KV (``kv_committed_len``: prompt and output but the last output token, whose
-        KV no step computed; less where a decode step found no page), page-aligned, is inserted
-        into the tree with the slots that hold it; the slots of what the tree already had past
-        the protected prompt and the unaligned tail are freed; its lock goes."""
+        KV no step computed), page-aligned, is inserted into the tree with the slots that hold
+        it; the slots of what the tree already had past the protected prompt and the unaligned
+        tail are freed; its lock goes."""
         req, n = d.req, len(d.prefix)
-        committed = min(d.ctx, req.input_len + req.output_len - 1)
-        if d.hole is not None:
-            committed = min(committed, d.hole)
+        committed = min(d.ctx, req.input_len + self._out_len(req) - 1)
         end = committed // self.page * self.page
         rest = d.own
         if end > n:
@@ -959,6 +1056,71 @@ class PrefillEngine:
         if len(rest):
             self.session.allocator.free(rest)
         self.cache.dec_lock_ref(d.node)
+
+    # ---------------------------------------------------------------- decode memory
+    def _update_running_batch(self, rids: list, unprocessed=()) -> list:
+        """SGLang's ``update_running_batch`` for the colocated decode batch ``rids`` (batch
+        order): if the step's new pages do not fit (``check_decode_mem``, evicting for them),
+        ``retract_decode`` (:mod:`sim.engine.budget`): requests leave, fewest output tokens
+        first, until the rest fit, the last one never (it is aborted if even it does not fit);
+        the new-token ratio restarts from the batch that stays.  Otherwise the ratio decays a
+        step.  Returns the requests that stay, in batch order.  ``unprocessed``: requests that
+        ran in the launched step whose result is not processed yet (overlap loop): their
+        scheduler has one output token fewer, the one a retraction drops."""
+        if self._check_decode_mem(rids):
+            self.ratio.decay_step()
+            return rids
+        decoded = {r: self._decoding[r].ctx - self._decoding[r].req.input_len - (r in unprocessed) for r in rids}
+        order = retract_order(rids, decoded, {r: self._decoding[r].req.input_len for r in rids})
+        first = True
+        while first or not self._check_decode_mem(order):
+            if len(order) == 1:
+                break                    # NOTE: retract_decode always keeps one request
+            first = False
+            self._retract(order.pop(), decoded, len(order))
+        if len(order) <= 1 and not self._check_decode_mem(order):
+            rid = order.pop()
+            self._free_decoding(rid, 0)
+            self.aborted.append(dict(rid=rid, input_tokens=self.driver._in_flight[rid].input_len,
+                                     reason="out of memory even after retracting all other requests in the decode "
+                                            "batch (SGLang's retract_decode aborts the last request)"))
+            # the client gets the error: its session ends (as an input too long for the pool)
+            self.waiting.extend(self.driver.abort(rid, int(self.session.now)))
+        self.ratio.after_retract(sum(decoded[r] for r in order),
+                                 sum(self._max_new_tokens(self._decoding[r].req) for r in order), len(order))
+        kept = set(order)
+        return [r for r in rids if r in kept]
+
+    def _check_decode_mem(self, rids) -> bool:
+        """``check_decode_mem``: the pages the next step needs (a page for each request whose
+        next position starts one), evicting for them; whether they are free."""
+        need = self.page * sum(1 for r in rids if self._decoding[r].ctx - len(self._decoding[r].prefix)
+                               >= len(self._decoding[r].own))
+        self._evict_for(need)
+        return self.session.allocator.available_size() >= need
+
+    def _free_decoding(self, rid: int, remaining: int) -> _Decoding:
+        """``release_req``: the request's KV leaves without entering the tree
+        (``cache_finished_req(is_insert=False)``: every slot of its own freed, its lock gone),
+        it leaves the decode batch, and the tree evicts for the ``remaining`` requests' next
+        ``SGLANG_RETRACT_DECODE_STEPS`` tokens."""
+        d = self._decoding.pop(rid)
+        if len(d.own):
+            self.session.allocator.free(d.own)
+        self.cache.dec_lock_ref(d.node)
+        self._evict_for(remaining * RETRACT_DECODE_STEPS)
+        self.decode.retract(rid)
+        return d
+
+    def _retract(self, rid: int, decoded: dict, remaining: int) -> None:
+        """Retract ``rid`` (:meth:`_free_decoding`): it re-enters the queue now, with the
+        ``decoded[rid]`` output tokens it had, to prefill again."""
+        d = self._free_decoding(rid, remaining)
+        self._retracted[rid] = decoded[rid]
+        self._queued[rid] = self.session.now
+        self._ids.pop(rid, None)
+        self.waiting.append(d.req)
+        self.counts["retractions"] += 1
 
     def _finish(self, rid: int, t_us: float, completed: bool = True) -> None:
         """Request ``rid``'s last output token came at ``t_us``: the turn is complete
@@ -974,18 +1136,37 @@ class PrefillEngine:
         """Abort every arrived waiting request whose input is ``max_req_input_len`` tokens or
         more, as SGLang's scheduler does when the request comes in (``validate_input_length``:
         it finishes with an abort and an error message and never reaches a batch); the
-        sessions they end open the next ones, whose first requests are checked in turn."""
+        sessions they end open the next ones, whose first requests are checked in turn.
+        Colocated, also a request admission could never take (:meth:`_refusal`)."""
         while True:
-            bad = [r for r in self.waiting if r.arrival_us <= now and r.input_len >= self.max_req_input_len]
+            bad = {r.rid: reason for r in self.waiting if r.arrival_us <= now
+                   for reason in [self._refusal(r)] if reason is not None}
             if not bad:
                 return
-            self.waiting = [r for r in self.waiting if r not in bad]
-            for req in sorted(bad, key=lambda r: (r.arrival_us, r.rid)):
-                self.aborted.append(dict(rid=req.rid, input_tokens=req.input_len,
-                                         reason=f"input length ({req.input_len} tokens) exceeds the maximum allowed "
-                                                f"length ({self.max_req_input_len} tokens: "
-                                                "scheduler.max_total_tokens - 6)"))
+            gone = [r for r in self.waiting if r.rid in bad]
+            self.waiting = [r for r in self.waiting if r.rid not in bad]
+            for req in sorted(gone, key=lambda r: (r.arrival_us, r.rid)):
+                self.aborted.append(dict(rid=req.rid, input_tokens=req.input_len, reason=bad[req.rid]))
                 self.waiting.extend(self.driver.abort(req.rid, int(now)))
+
+    def _refusal(self, req: Request) -> str | None:
+        """Why ``req`` is aborted on arrival, or None.
+
+        NOTE: colocated, a request whose input, ``max_new_tokens`` and a page reach the pool
+        fails admission's reservation even in an idle pool (its matched prefix is locked, all
+        else free or evictable), at every try: SGLang 0.5.14 keeps it queued forever, and the
+        queue behind it (``init_req_max_new_tokens`` bounds ``max_new_tokens`` for this, but
+        the page-rounded input can still leave no room: an input within a page of the pool).
+        A hung queue measures nothing, so it is aborted here, with that reason."""
+        if req.input_len >= self.max_req_input_len:
+            return (f"input length ({req.input_len} tokens) exceeds the maximum allowed length "
+                    f"({self.max_req_input_len} tokens: scheduler.max_total_tokens - 6)")
+        pool = int(self.scenario.scheduler.max_total_tokens)
+        if not self.pd and req.input_len + self._max_new_tokens(req) + self.page >= pool:
+            return (f"input ({req.input_len} tokens), max_new_tokens ({self._max_new_tokens(req)}) and a page "
+                    f"({self.page}) reach the pool ({pool} tokens: scheduler.max_total_tokens): admission could "
+                    "never take it (SGLang would keep it queued, and the queue behind it, forever)")
+        return None
 
     def _decode_pd(self) -> None:
         """PD: the decode engine runs on its own GPUs; bring it up to now.  A request the
@@ -1010,7 +1191,9 @@ class PrefillEngine:
         self.decode.join(s.now)
         if not self.decode.running:
             return False
-        running = list(self.decode.running)
+        running = self._update_running_batch(list(self.decode.running))
+        if not running:
+            return True
         parts, store = self._decode_kv(running)
         d, done = self.decode.step()
         if parts:
@@ -1070,6 +1253,8 @@ class PrefillEngine:
         s = self.session
         if not self.pd and self._decode_step_colocated():
             return True
+        # NOTE: nothing to run: the scheduler's on_idle resets the new-token ratio
+        self.ratio.reset()
         future = [r.arrival_us for r in self.waiting if r.arrival_us > s.now]
         nxt = self.decode.next_event_us()
         if nxt is not None and nxt > s.now:
@@ -1225,7 +1410,8 @@ class PrefillEngine:
             requests_wrong_kv=len(t.wrong), wrong_kv_reads=t.wrong_reads,
             oracle_entries=sum(o.entries_checked for o in self.oracles), index_k_topk_changed=t.topk_changed,
             simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank), decode=decode,
-            requests_aborted=len(self.aborted), aborted_requests=list(self.aborted))
+            requests_aborted=len(self.aborted), aborted_requests=list(self.aborted),
+            requests_retracted=self.counts["retractions"])
 
     def _decode_cache_engine(self, steps, profile, smodel: str, device_tokens: int, switches: dict,
                              materialise: bool):

@@ -158,6 +158,9 @@ class SchedulerSection(Section):
     chunked_prefill_size: int = opt(8192, "tokens per prefill chunk (-1: no chunking)", lo=-1)
     max_running_requests: int = opt(128, "requests in a running batch at most", lo=1)
     max_total_tokens: int = opt(1 << 20, "device KV pool size in tokens per engine", lo=1)
+    schedule_conservativeness: float = opt(1.0, "colocated: SGLang's --schedule-conservativeness (the new-token ratio "
+                                           "admission reserves decode memory by starts at min(0.7 x this, 1))",
+                                           lo=0, lo_open=True)
     overlap: bool = opt(True, "the overlap scheduler (next batch scheduled while the current one runs)")
     event_loop: str = opt("normal", "the scheduler loop: 'normal' (each batch synchronized before the next is formed) "
                           "or 'overlap' (SGLang's event_loop_overlap: batch N+1 formed and launched before batch N's "
