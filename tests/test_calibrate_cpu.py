@@ -189,6 +189,16 @@ def test_written_profile_loads_and_keeps_the_raw_data(tmp_path):
     assert values["link"]["kernel_workers"] == "builtin" and doc["link"]["kernel_workers"] == "builtin"
 
 
+def test_calibrated_gpu_names_the_card_a_profile_was_measured_on(tmp_path):
+    from gpu_backend.calibrate.profile import calibrated_gpu
+
+    text, _, _ = cal.build_profile(synthetic_measurements(), INFO, name="x", date="2026-11-29")
+    (tmp_path / "p.toml").write_text(text)
+    assert calibrated_gpu(str(tmp_path / "p.toml")) == "NVIDIA Test GPU"
+    assert calibrated_gpu("sim/profiles/h200-calibrated-sglang.toml") == "NVIDIA H200"
+    assert calibrated_gpu("sim/profiles/h200.toml") is None     # a datasheet profile
+
+
 def test_profile_loader_ignores_the_extra_tables():
     text, _, _ = cal.build_profile(synthetic_measurements(), INFO, name="x", date="2026-11-29")
     doc = tomllib.loads(text)

@@ -242,6 +242,15 @@ def _loads(text: str) -> dict:
     return tomllib.loads(text)
 
 
+def calibrated_gpu(path: str) -> str | None:
+    """The GPU a profile written by ``kvrace calibrate`` was measured on (its ``[calibration]
+    gpu``, e.g. ``"NVIDIA H200"``), or None for a profile with no such entry (a datasheet one)."""
+    with open(path, "rb") as f:
+        doc = _loads(f.read().decode())
+    gpu = doc.get("calibration", {}).get("gpu")
+    return str(gpu) if gpu else None
+
+
 def refit_file(path: str, *, name: str | None = None, link_provider: str = "builtin") -> tuple[str, dict, dict]:
     """Refit a profile written by ``kvrace calibrate`` from its own ``[measurements]`` (same
     date; ``link_provider="sglang"`` for a profile of the real SGLang kernels)."""
