@@ -59,7 +59,9 @@ def test_decode_side_hicache_matches_restores_backs_up_and_reads_no_race(on):
 
 def test_a_first_step_that_does_not_wait_for_the_restore_races_it(monkeypatch):
     """The wait is what keeps the decode reads clean: a restore marked READY as soon as its
-    copy is queued lets the request's first step read slots the H2D is still writing."""
+    copy is queued lets the request's first step read slots the H2D is still writing (8
+    sessions: with 4 the decode side's load-backs all finish before the first step that reads
+    them, since the prefill admission breaks at the first request it cannot add)."""
     orig = DecodeCacheEngine._queue_load_back
 
     def no_wait(self, d):
@@ -69,7 +71,7 @@ def test_a_first_step_that_does_not_wait_for_the_restore_races_it(monkeypatch):
         return queued
 
     monkeypatch.setattr(DecodeCacheEngine, "_queue_load_back", no_wait)
-    _, r = run(pd_scenario())
+    _, r = run(pd_scenario("workload.sessions=8"))
     d = r.decode
     assert d["stale_reads"] + d["torn_reads"] > 0 and d["requests_corrupted"] > 0
     assert all(c["consumer_index"] == -1 and not c["waited"] for c in d["corrupted_reads"])

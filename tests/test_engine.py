@@ -480,6 +480,72 @@ def test_colocated_decode_retracts_when_a_step_finds_no_page(loop, monkeypatch):
     _assert_no_slot_lost(e, 1536)
 
 
+PD_SPLIT = ("deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4")
+
+
+@pytest.mark.parametrize("refusal", ["none", "no-token"])
+@pytest.mark.parametrize("mode", ["colocated", "pd"])
+def test_the_first_request_admission_cannot_add_ends_the_batch(mode, refusal, monkeypatch):
+    """SGLang's ``get_new_batch_prefill`` breaks at the first ``add_one_req`` that is not
+    ``CONTINUE`` (NO_TOKEN, or OTHER: say no chunk budget left for it): the requests queued
+    behind it wait for the next batch even when they would fit."""
+    from sim.engine.engine import _NO_TOKEN, PrefillEngine as PE
+    admit, tried = PE._admit, []
+    e = small("upstream-0.5.11", *PRESSURE, *(PD_SPLIT if mode == "pd" else ()))
+    e.start()
+    queue = sorted(e.waiting, key=lambda r: (r.arrival_us, r.rid))
+    now = [r for r in queue if r.arrival_us <= e.session.now]
+    assert len(now) >= 3
+
+    def spy(self, req, budget, can_chunk, **kw):
+        tried.append(req.rid)
+        if req.rid == now[1].rid:
+            return None if refusal == "none" else _NO_TOKEN
+        return admit(self, req, budget, can_chunk, **kw)
+    monkeypatch.setattr(PE, "_admit", spy)
+    batch = e._form_batch()
+    assert [a.req.rid for a in batch] == [now[0].rid] and tried == [now[0].rid, now[1].rid]
+    assert {r.rid for r in e.waiting} == {r.rid for r in queue} - {now[0].rid}
+
+
+def test_a_chunked_request_finishing_leaves_its_budget_to_a_new_chunk():
+    """``rem_chunk_tokens``: when the chunked request's last chunk leaves at least a page of the
+    chunk budget, the next request may start chunking in the same batch."""
+    from types import SimpleNamespace as NS
+    e = small("upstream-0.5.11", *PRESSURE, "scheduler.chunked_prefill_size=256")
+    e.start()
+    head = min((r for r in e.waiting if r.arrival_us <= e.session.now), key=lambda r: (r.arrival_us, r.rid))
+    assert head.input_len > 256
+    other = max(e.waiting, key=lambda r: r.rid)
+    e.waiting.remove(other)
+    e.chunked = NS(req=other, n_new=100, done=0, chunk=0, new=np.zeros(128, np.int64))
+    batch = e._form_batch()
+    assert batch[0].req is other and batch[0].chunk == 100
+    assert len(batch) == 2 and batch[1].req is head
+    assert batch[1].chunk == 128 < batch[1].n_new      # 156 tokens of budget left: two pages
+
+
+def test_admission_offset_counts_a_requests_slots_once():
+    """PrefillAdder's ``rem_total_token_offset`` grows by a request's page-rounded chunk, its
+    ``max_new`` (last chunk only) and a page; SGLang allocates those slots after the batch is
+    formed, this model at admission, so the offset the model keeps is that less the slots the
+    request already holds for tokens not computed yet."""
+    from types import SimpleNamespace as NS
+    e = small("upstream-0.5.11", *PRESSURE)
+    page = e.page
+    req = e.driver.start(0)[0]
+    max_new = e._max_new(req)
+    assert max_new == min(e._max_new_tokens(req), 4096) > 1
+    whole = NS(req=req, n_new=100, done=0, chunk=100, new=np.arange(2 * page))
+    assert e._offset(whole) == max_new + page
+    first = NS(req=req, n_new=300, done=0, chunk=2 * page, new=np.arange(5 * page))
+    assert e._offset(first) == 2 * page + page - 5 * page          # no max_new: not its last chunk
+    last = NS(req=req, n_new=300, done=2 * page, chunk=300 - 2 * page, new=np.arange(5 * page))
+    assert e._offset(last) == max_new + page
+    pd = small("upstream-0.5.11", *PRESSURE, *PD_SPLIT)
+    assert pd._max_new(req) == 1 and pd._reserve() == 0               # the PD prefill server's max_new_tokens
+
+
 def test_admission_reserves_decode_memory_so_fewer_requests_are_retracted():
     """PrefillAdder's ``rem_total_tokens``: admission holds back room for the running requests'
     remaining output (the new-token ratio, from ``schedule_conservativeness``); a lower ratio

@@ -48,8 +48,8 @@ def test_a_request_longer_than_the_pool_is_aborted_with_a_reason(capsys, pool):
     EngineError (a traceback).  SGLang aborts such a request when it comes in
     (validate_input_length: input >= max_req_input_len = pool - 1 - 5) and the client's session
     ends; the run goes on with the next sessions.  A shorter input whose input, max_new_tokens
-    and a page still reach the pool can never pass colocated admission (SGLang would keep it
-    queued forever): it is aborted too, with that reason."""
+    and a page still reach the pool can never pass admission (SGLang would keep it queued
+    forever): it is aborted too, with that reason."""
     klass, symptom, d = judged(capsys, "glm5-22811", SMALL + [f"scheduler.max_total_tokens={pool}"])
     assert klass == "OK", symptom
     assert d["requests_aborted"] >= 1
@@ -63,15 +63,18 @@ def test_a_request_longer_than_the_pool_is_aborted_with_a_reason(capsys, pool):
 
 def test_the_abort_boundary_is_sglangs_max_req_input_len(tmp_path):
     """An input of exactly pool - 6 tokens is aborted, pool - 7 is not (SGLang: max_req_len =
-    pool - 1, max_req_input_len = max_req_len - 5, abort when input >= it): PD, it completes;
-    colocated, it is refused for another reason (its page-rounded input and a page exceed the
-    pool, so admission's reservation could never take it), down to pool - 64 (a page: its
-    max_new_tokens is bounded to 0 there); pool - 65 fits."""
+    pool - 1, max_req_input_len = max_req_len - 5, abort when input >= it), but it is refused
+    for another reason: its input, admission's max_new and a page reach the pool, so
+    PrefillAdder's check could never pass.  Colocated, down to pool - 64 (a page: its
+    max_new_tokens is bounded to 0 there), pool - 65 fits; PD (the prefill server's
+    max_new_tokens is 1), down to pool - 65, pool - 66 fits."""
     from sim.engine.engine import run_prefill_engine
     from sim.engine.scenario import load_scenario
 
     pool = 1024
-    for mode, n, reason in (("pd", pool - 6, "exceeds the maximum allowed length"), ("pd", pool - 7, None),
+    for mode, n, reason in (("pd", pool - 6, "exceeds the maximum allowed length"),
+                            ("pd", pool - 7, "admission could never take it"),
+                            ("pd", pool - 65, "admission could never take it"), ("pd", pool - 66, None),
                             ("colocated", pool - 6, "exceeds the maximum allowed length"),
                             ("colocated", pool - 7, "admission could never take it"),
                             ("colocated", pool - 64, "admission could never take it"),
@@ -153,9 +156,11 @@ def test_pd_decode_hicache_caps_an_output_longer_than_the_decode_pool(capsys, tm
     """Found by the fuzzer: PD with hicache.decode, a 1,010-token input and 200 output tokens on a
     1,024-token pool raised DecodeSideError (a traceback).  The decode server's scheduler caps
     max_new_tokens when the request comes in (init_req_max_new_tokens: pool - ceil_page(input) -
-    page - 1, and max_req_len - input - 1), so the request fits; the run completes it."""
+    page - 1, and max_req_len - input - 1), so the request fits; the run completes it.  (1,010
+    tokens are now refused by the prefill server's admission, which needs input + 1 + a page
+    below the pool: 950 is the case that reaches the decode side.)"""
     trace = tmp_path / "t.jsonl"
-    trace.write_text('{"session": 0, "turn": 0, "input_tokens": 1010, "output_tokens": 200}\n'
+    trace.write_text('{"session": 0, "turn": 0, "input_tokens": 950, "output_tokens": 200}\n'
                      '{"session": 1, "turn": 0, "input_tokens": 300, "output_tokens": 20}\n')
     klass, symptom, d = judged(capsys, "glm5-22811", SMALL + [
         "scheduler.max_total_tokens=1024", "workload.kind=trace", f"workload.trace={trace}", "deployment.mode=pd",

@@ -480,14 +480,14 @@ class PrefillEngine:
             got.setflags(write=False)
         return got
 
-    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool, reserved: float | None = None):
+    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool, reserved: float = 0.0):
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
         it does not fit the chunk budget (and may not be chunked) or the device pool now.
         A request whose new tokens exceed the budget is admitted as the chunked request when
         ``can_chunk`` and at least a page of budget is left: this batch computes a page-aligned
-        first chunk of it (``chunk``), later batches the rest.  ``reserved`` (colocated): the
-        tokens the batch's decode-memory reservation holds so far (:meth:`_reserve`);
-        ``_NO_TOKEN``, holding nothing, when the request's new tokens, remaining output and a
+        first chunk of it (``chunk``), later batches the rest.  ``reserved``: PrefillAdder's
+        ``rem_total_token_offset`` so far (:meth:`_reserve`, then :meth:`_offset` of each request
+        added); ``_NO_TOKEN``, holding nothing, when the request's new tokens, ``max_new`` and a
         page do not fit in the free and evictable tokens less that (PrefillAdder's
         ``rem_total_tokens`` check, made with the matched prefix locked)."""
         cache = self.cache
@@ -509,8 +509,8 @@ class PrefillEngine:
         # takes the prefix just matched
         held = node
         cache.inc_lock_ref(held)
-        if reserved is not None and (n_total - len(prefix) + self._max_new(req) + self.page
-                                     >= self.session.allocator.available_size() + cache.evictable_size() - reserved):
+        if (n_total - len(prefix) + self._max_new(req) + self.page
+                >= self.session.allocator.available_size() + cache.evictable_size() - reserved):
             cache.dec_lock_ref(held)
             return _NO_TOKEN
         if not self._ensure(-(-(n_total - len(prefix)) // self.page) * self.page):
@@ -569,13 +569,17 @@ class PrefillEngine:
 
     def _max_new(self, req: Request) -> int:
         """PrefillAdder's ``max_new``: the request's ``max_new_tokens`` less the output it has
-        (a retracted request's), at most ``CLIP_MAX_NEW_TOKENS``."""
+        (a retracted request's), at most ``CLIP_MAX_NEW_TOKENS``.  PD prefill: 1 (SGLang's
+        prefill server sets ``max_new_tokens = 1`` so that admission counts no decode)."""
+        if self.pd:
+            return 1
         return min(max(self._max_new_tokens(req) - self._retracted.get(req.rid, 0), 0), CLIP_MAX_NEW_TOKENS)
 
     def _reserve(self) -> float:
         """PrefillAdder's ``rem_total_token_offset`` at the start of a batch: the new-token
         ratio times each decoding request's remaining output tokens (``max_new_tokens`` less
-        its output so far, at most ``CLIP_MAX_NEW_TOKENS``)."""
+        its output so far, at most ``CLIP_MAX_NEW_TOKENS``); 0 for a PD prefill engine, which
+        decodes nothing."""
         left = sum(min(max(self._max_new_tokens(d.req) - (d.ctx - d.req.input_len), 0), CLIP_MAX_NEW_TOKENS)
                    for d in self._decoding.values())
         return left * self.ratio.current
@@ -664,19 +668,20 @@ class PrefillEngine:
         used = 0
         # NOTE: as SGLang's PrefillAdder, the chunked request in progress goes first with its
         # next chunk; at most one request is chunked at a time
-        # NOTE: colocated, admission reserves room for the decoding requests' remaining
-        # output and for what each admitted request will need (sim.engine.budget); a request
-        # that does not fit it ends the batch (NO_TOKEN).  PD prefill: no decode to reserve for
-        reserved = None if self.pd else self._reserve()
+        # NOTE: admission reserves room for the decoding requests' remaining output (colocated)
+        # and for what each admitted request will need (sim.engine.budget); the first request
+        # that cannot be added ends the batch (get_new_batch_prefill breaks on any result but
+        # CONTINUE: requests behind it wait, as in SGLang's FCFS queue)
+        reserved = self._reserve()
         if self.chunked is not None:
             a, self.chunked = self.chunked, None
             a.chunk = int(min(a.n_new - a.done, budget))
             batch.append(a)
             used += a.chunk
-            if reserved is not None:
-                last = a.done + a.chunk >= a.n_new
-                reserved += self._paged(a.chunk) + (self._max_new(a.req) if last else 0) + self.page
-        chunking = bool(batch)
+            reserved += self._offset(a)
+        # NOTE: a chunked request whose last chunk this is leaves the rest of the budget to
+        # others, one of which may be chunked in turn (SGLang's rem_chunk_tokens)
+        chunking = bool(batch) and batch[0].done + batch[0].chunk < batch[0].n_new
         self._abort_too_long(now)
         rest = []
         full = False
@@ -687,21 +692,30 @@ class PrefillEngine:
                 rest.append(req)
                 continue
             a = self._admit(req, budget - used, can_chunk=not chunking, reserved=reserved)
-            if a is _NO_TOKEN:
-                full = True
             if a is None or a is _NO_TOKEN:
+                full = True
                 rest.append(req)
                 continue
             batch.append(a)
             used += a.chunk
             chunking = chunking or a.chunk < a.n_new
-            if reserved is not None:
-                reserved += self._paged(a.chunk) + (self._max_new(req) if a.chunk == a.n_new else 0) + self.page
+            reserved += self._offset(a)
         self.waiting = rest
         return batch
 
     def _paged(self, n: int) -> int:
         return -(-n // self.page) * self.page
+
+    def _offset(self, a: _Admitted) -> int:
+        """What adding ``a`` (its chunk ``a.chunk`` from ``a.done`` on) to the batch adds to
+        PrefillAdder's ``rem_total_token_offset``: its page-rounded chunk, its ``max_new`` if
+        this chunk is its last, and a page; less the slots this model already allocated it for
+        tokens not computed yet (SGLang allocates a chunk's slots when the batch is prepared,
+        so its free count still has them while the batch forms: here they left it at
+        admission, and counting them in the offset too would count them twice)."""
+        last = a.done + a.chunk >= a.n_new
+        return (self._paged(a.chunk) + (self._max_new(a.req) if last else 0) + self.page
+                - (len(a.new) - a.done))
 
     def _prepare(self, batch: list[_Admitted]) -> tuple[int, int, list, ForwardBatch]:
         """What launching ``batch`` starts with, in either loop: its number ``k``, the load
@@ -1152,18 +1166,20 @@ class PrefillEngine:
     def _refusal(self, req: Request) -> str | None:
         """Why ``req`` is aborted on arrival, or None.
 
-        NOTE: colocated, a request whose input, ``max_new_tokens`` and a page reach the pool
-        fails admission's reservation even in an idle pool (its matched prefix is locked, all
-        else free or evictable), at every try: SGLang 0.5.14 keeps it queued forever, and the
-        queue behind it (``init_req_max_new_tokens`` bounds ``max_new_tokens`` for this, but
-        the page-rounded input can still leave no room: an input within a page of the pool).
-        A hung queue measures nothing, so it is aborted here, with that reason."""
+        NOTE: a request whose input, admission's ``max_new`` (colocated its ``max_new_tokens``,
+        at most ``CLIP_MAX_NEW_TOKENS``; PD prefill 1) and a page reach the pool fails
+        admission's check even in an idle pool (its matched prefix is locked, all else free or
+        evictable), at every try: SGLang 0.5.14 keeps it queued forever, and the queue behind
+        it (colocated, ``init_req_max_new_tokens`` bounds ``max_new_tokens`` for this, but the
+        page-rounded input can still leave no room: an input within a page of the pool).  A
+        hung queue measures nothing, so it is aborted here, with that reason."""
         if req.input_len >= self.max_req_input_len:
             return (f"input length ({req.input_len} tokens) exceeds the maximum allowed length "
                     f"({self.max_req_input_len} tokens: scheduler.max_total_tokens - 6)")
         pool = int(self.scenario.scheduler.max_total_tokens)
-        if not self.pd and req.input_len + self._max_new_tokens(req) + self.page >= pool:
-            return (f"input ({req.input_len} tokens), max_new_tokens ({self._max_new_tokens(req)}) and a page "
+        if req.input_len + self._max_new(req) + self.page >= pool:
+            what = "max_new_tokens as the PD prefill server sets it" if self.pd else "max_new_tokens"
+            return (f"input ({req.input_len} tokens), {what} ({self._max_new(req)}) and a page "
                     f"({self.page}) reach the pool ({pool} tokens: scheduler.max_total_tokens): admission could "
                     "never take it (SGLang would keep it queued, and the queue behind it, forever)")
         return None
