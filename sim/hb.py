@@ -799,15 +799,18 @@ class OnlineClocks:
 
     def floor(self) -> np.ndarray:
         """A lower bound of the clock of every op issued from now on: a later op of
-        stream ``s`` is after ``s``'s last op, and an op of a stream with no op yet is
-        after its host's clock (the smallest of them).  An op ``a`` with
-        ``floor()[comp(a)] >= pos(a)`` happens before every later op."""
-        lows = [c for _, c in self.last.values()]
+        stream ``s`` issued by host ``h`` is after ``s``'s last op and after ``h``'s clock
+        (:meth:`add` joins both), so its clock is at least the elementwise maximum of the
+        smallest last-op clock (zero while a stream has no op) and the smallest host clock.
+        An op ``a`` with ``floor()[comp(a)] >= pos(a)`` happens before every later op.
+
+        NOTE: the host term is what lets a stream that has gone idle (a HiCache run whose
+        load-backs stop) not pin the others: its last op is old in every other stream's
+        component, but the host that synchronized past the others' ops is not."""
+        hosts = np.minimum.reduce(list(self.hc.values())) if self.hc else np.zeros(self.n_comp, np.int64)
         if len(self.last) < len(self.stream_idx):
-            lows.extend(self.hc.values())
-        if not lows:
-            return np.zeros(self.n_comp, np.int64)
-        return np.minimum.reduce(lows)
+            return hosts
+        return np.maximum(np.minimum.reduce([c for _, c in self.last.values()]), hosts)
 
 
 class _LiveBuffer:

@@ -305,3 +305,32 @@ def test_small_writes_equal_the_general_path(block, seed, monkeypatch):
         h = hashlib.sha256(b"kvrace-provenance-v1" + np.int64(64).tobytes())
         h.update(np.stack([st, keys, so], axis=1).astype("<i8").tobytes())
         assert small.provenance_digest() == h.hexdigest()
+
+
+def test_an_idle_stream_does_not_pin_the_live_accesses_of_the_others():
+    """One host, two streams: ``load`` copies once and then idles (a HiCache run whose
+    load-backs stop), ``forward`` writes on, and the host synchronizes ``forward`` after each
+    write.  A later op of any stream is after the host's clock, so once the host has
+    synchronized past a write it is ordered before every later op, however old ``load``'s
+    last op: the live set stays within a prune period (it grew with the run while the floor
+    was only the streams' last ops: 4.6 GB in ten simulated minutes of ``incident``)."""
+    clocks = OnlineClocks(["load", "forward"], ["host"])
+    tracker = RaceTracker(clocks, 10)
+    starts = np.arange(0, 4 * 4096, 4096, dtype=np.int64)
+
+    class Op:
+        host, bound_record, event = "host", None, None
+
+        def __init__(self, index, stream, op, sync_targets=()):
+            self.index, self.stream, self.op, self.sync_targets = index, stream, op, sync_targets
+
+    most, i = 0, 0
+    for k in range(3000):
+        stream = "load" if k == 0 else "forward"
+        comp, pos, clock = clocks.add(Op(i, stream, "write"))
+        tracker.add(i, comp, pos, clock, [("D", True, starts, starts + 256)])
+        most = max(most, tracker.live_accesses())
+        clocks.add(Op(i + 1, None, "host_sync", (i,)))
+        i += 2
+    assert tracker.total == 0
+    assert most <= 4 * (2 * tracker.PRUNE_EVERY + 2), most
