@@ -60,8 +60,8 @@ def test_decode_side_hicache_matches_restores_backs_up_and_reads_no_race(on):
 def test_a_first_step_that_does_not_wait_for_the_restore_races_it(monkeypatch):
     """The wait is what keeps the decode reads clean: a restore marked READY as soon as its
     copy is queued lets the request's first step read slots the H2D is still writing (8
-    sessions: with 4, since the PD prefill server makes PrefillAdder's memory check, the
-    decode side's load-backs all finish before the first step that reads them)."""
+    sessions: with 4 the decode side's load-backs all finish before the first step that reads
+    them, since the prefill admission breaks at the first request it cannot add)."""
     orig = DecodeCacheEngine._queue_load_back
 
     def no_wait(self, d):

@@ -483,19 +483,12 @@ def test_colocated_decode_retracts_when_a_step_finds_no_page(loop, monkeypatch):
 PD_SPLIT = ("deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4")
 
 
-HEAD_OF_LINE_GAP = pytest.mark.xfail(strict=True, reason=(
-    "known gap (docs/engine.md, 'Where the model differs from SGLang'): a request refused for a "
-    "reason other than NO_TOKEN is skipped, SGLang breaks; with the break, incident's throughput "
-    "fell by half after 80 simulated seconds, not yet explained"))
-
-
-@pytest.mark.parametrize("refusal", [pytest.param("none", marks=HEAD_OF_LINE_GAP), "no-token"])
+@pytest.mark.parametrize("refusal", ["none", "no-token"])
 @pytest.mark.parametrize("mode", ["colocated", "pd"])
 def test_the_first_request_admission_cannot_add_ends_the_batch(mode, refusal, monkeypatch):
     """SGLang's ``get_new_batch_prefill`` breaks at the first ``add_one_req`` that is not
     ``CONTINUE`` (NO_TOKEN, or OTHER: say no chunk budget left for it): the requests queued
-    behind it wait for the next batch even when they would fit.  The model does so on
-    NO_TOKEN only (the other case is a strict xfail: it fails the day the gap closes)."""
+    behind it wait for the next batch even when they would fit."""
     from sim.engine.engine import _NO_TOKEN, PrefillEngine as PE
     admit, tried = PE._admit, []
     e = small("upstream-0.5.11", *PRESSURE, *(PD_SPLIT if mode == "pd" else ()))
@@ -515,8 +508,6 @@ def test_the_first_request_admission_cannot_add_ends_the_batch(mode, refusal, mo
     assert {r.rid for r in e.waiting} == {r.rid for r in queue} - {now[0].rid}
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: a chunked request's last chunk still blocks a new chunk in "
-                   "its batch (docs/engine.md, 'Where the model differs from SGLang')")
 def test_a_chunked_request_finishing_leaves_its_budget_to_a_new_chunk():
     """``rem_chunk_tokens``: when the chunked request's last chunk leaves at least a page of the
     chunk budget, the next request may start chunking in the same batch."""
@@ -562,3 +553,78 @@ def test_admission_reserves_decode_memory_so_fewer_requests_are_retracted():
     runs = {c: _pressure_run("normal", c)[1] for c in (1.0, 0.1)}
     assert runs[1.0].requests_retracted < runs[0.1].requests_retracted
     assert all(r.requests_completed == r.requests_total for r in runs.values())
+
+
+def _queue_with(e, specs, monkeypatch):
+    """``e``'s waiting queue replaced by requests with the given (ids, device match, host
+    match), arrived in that order (fakes for the tree's match: the order is the test)."""
+    import dataclasses
+    from types import SimpleNamespace as NS
+    base = e.waiting[0]
+    reqs = [dataclasses.replace(base, rid=1000 + k, arrival_us=k) for k in range(len(specs))]
+    ids = {r.rid: np.asarray(s[0], np.int64) for r, s in zip(reqs, specs)}
+    match = {tuple(ids[r.rid]): NS(device_indices=np.zeros(s[1], np.int64), host_hit_length=s[2])
+             for r, s in zip(reqs, specs)}
+    monkeypatch.setattr(e, "_tokens", lambda req: ids[req.rid])
+    monkeypatch.setattr(e, "cache", NS(match_prefix=lambda params: match[tuple(params.key.token_ids)]))
+    e.waiting = list(reqs)
+    return [r.rid for r in reqs]
+
+
+def test_lpm_orders_the_queue_by_cached_prefix_and_defers_shared_uncached_ones(monkeypatch):
+    """SGLang's ``lpm``: the longest matched prefix (device and host tokens, at most all but
+    the last) first; a request with at most 32 tokens on the device that shares at least 32
+    tokens with an earlier such request goes last (in-batch prefix caching); stable on ties.
+    ``fcfs`` (the default) keeps arrival order."""
+    uniq = lambda k, n: np.arange(n) + 10_000 * k      # noqa: E731
+    specs = {"c": (np.r_[uniq(9, 64), uniq(3, 100)], 0, 0),   # uncached, shares 64 tokens with e
+             "e": (np.r_[uniq(9, 64), uniq(5, 100)], 0, 0),   # so e, behind c, goes last
+             "a": (uniq(1, 600), 0, 0),                         # nothing cached
+             "b": (uniq(2, 600), 512, 0),                       # 512 on the device
+             "d": (uniq(4, 2000), 256, 1024),                   # 256 device + 1024 host
+             "f": (uniq(6, 300), 0, 300),                       # all on the host: 299 count
+             "x": (uniq(7, 400), 0, 300)}                       # 300 on the host
+    for policy, want in (("fcfs", "ceabdfx"), ("lpm", "dbxfcae")):
+        e = small("upstream-0.5.11", f"scheduler.schedule_policy={policy}")
+        e.start()
+        rids = dict(zip(specs, _queue_with(e, list(specs.values()), monkeypatch)))
+        got = [r.rid for r in e._queue_order(e.session.now + 10)]
+        assert got == [rids[c] for c in want], policy
+
+
+def test_lpm_turns_to_fcfs_above_128_waiting_and_keeps_the_queue_as_it_was(monkeypatch):
+    """Above ``LPM_MAX_QUEUE`` waiting, SGLang skips the sort: the queue stays in the order
+    the last sort left it (the queue is a list kept across iterations), new arrivals at its end."""
+    import dataclasses
+    import sim.engine.engine as E
+    uniq = lambda k, n: np.arange(n) + 10_000 * k      # noqa: E731
+    e = small("upstream-0.5.11", "scheduler.schedule_policy=lpm")
+    e.start()
+    rids = _queue_with(e, [(uniq(1, 600), 0, 0), (uniq(2, 600), 256, 0), (uniq(3, 600), 512, 0)], monkeypatch)
+    assert [r.rid for r in e._queue_order(10)] == [rids[2], rids[1], rids[0]]
+    monkeypatch.setattr(E, "LPM_MAX_QUEUE", 2)
+    late = dataclasses.replace(e.waiting[0], rid=2000, arrival_us=20)
+    e.waiting.append(late)
+    assert [r.rid for r in e._queue_order(30)] == [rids[2], rids[1], rids[0], 2000]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "lpm"])
+def test_every_request_completes_under_either_policy(policy, monkeypatch):
+    """A whole run under each ``scheduler.schedule_policy``: every request completes and reads
+    only its own slots (the ownership check runs on every batch).  Under ``fcfs`` admission
+    takes requests in queue order (arrival; a retracted request's retraction) across the whole
+    run, since a batch ends at the first request it cannot add; under ``lpm`` it does not."""
+    from sim.engine.engine import _NO_TOKEN, PrefillEngine as PE
+    admit, keys = PE._admit, []
+
+    def spy(self, req, *a, **kw):
+        got = admit(self, req, *a, **kw)
+        if got is not None and got is not _NO_TOKEN:
+            keys.append((self._queued.get(req.rid, req.arrival_us), req.rid))
+        return got
+    monkeypatch.setattr(PE, "_admit", spy)
+    e = small("upstream-0.5.11", *PRESSURE, f"scheduler.schedule_policy={policy}")
+    r = e.run()
+    assert r.requests_total == len(e.completed) > 0 and not e.aborted
+    assert e.counts["ownership_checks"] > 0
+    assert (keys == sorted(keys)) == (policy == "fcfs")

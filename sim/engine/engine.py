@@ -84,6 +84,17 @@ __all__ = ["EngineError", "EngineResult", "OwnershipError", "PrefillEngine", "SE
 SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa", "deepseek-v4-flash": "deepseek-v4"})
 #: host delay (us) of an idle scheduler iteration (nothing admissible: acks pending)
 IDLE_US = 50.0
+#: ``lpm``: SGLang sorts the waiting queue only while at most this many wait (``fcfs`` above)
+LPM_MAX_QUEUE = 128
+#: ``lpm``: SGLang's ``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` and ``..._DEPRIORITIZE_THRESHOLD``
+IN_BATCH_PREFIX_TOKENS = 32
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """Tokens ``a`` and ``b`` share from the start (what a page-1 radix tree holding ``b`` matches of ``a``)."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
 
 
 #: CacheSession input keys -> the scenario keys they come from (errors name the user's key)
@@ -394,6 +405,7 @@ class PrefillEngine:
         self.forwards_one_step = 0
         self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
         self.waiting: list[Request] = []
+        self._order: list[int] = []                # rids in SGLang's waiting_queue order (_queue_order)
         self.issues: list[ForwardIssue] = []       # keep="all" only: every batch's forward
         self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)}), until judged
         self.report: dict | None = None            # keep="all": the run's verdicts (analyse), after finish()
@@ -669,12 +681,9 @@ class PrefillEngine:
         # NOTE: as SGLang's PrefillAdder, the chunked request in progress goes first with its
         # next chunk; at most one request is chunked at a time
         # NOTE: admission reserves room for the decoding requests' remaining output (colocated)
-        # and for what each admitted request will need (sim.engine.budget); a request that
-        # does not fit it ends the batch (NO_TOKEN).  A request refused for another reason (no
-        # chunk budget left for it, eviction cannot free its pages now) is skipped and the
-        # queue goes on, where SGLang's get_new_batch_prefill breaks on any result but CONTINUE
-        # (docs/engine.md, "Where the model differs from SGLang": on `incident` the break cut
-        # throughput by half after 80 simulated seconds, not yet explained)
+        # and for what each admitted request will need (sim.engine.budget); the first request
+        # that cannot be added ends the batch (get_new_batch_prefill breaks on any result but
+        # CONTINUE: requests behind it wait, as in SGLang's FCFS queue)
         reserved = self._reserve()
         if self.chunked is not None:
             a, self.chunked = self.chunked, None
@@ -682,20 +691,20 @@ class PrefillEngine:
             batch.append(a)
             used += a.chunk
             reserved += self._offset(a)
-        chunking = bool(batch)
+        # NOTE: a chunked request whose last chunk this is leaves the rest of the budget to
+        # others, one of which may be chunked in turn (SGLang's rem_chunk_tokens)
+        chunking = bool(batch) and batch[0].done + batch[0].chunk < batch[0].n_new
         self._abort_too_long(now)
-        rest = []
         full = False
-        # NOTE: the queue in arrival order; a retracted request re-enters it at its retraction
-        for req in sorted(self.waiting, key=lambda r: (self._queued.get(r.rid, r.arrival_us), r.rid)):
-            if (full or req.arrival_us > now or len(batch) >= self.scenario.scheduler.max_running_requests
+        rest = [r for r in self.waiting if r.arrival_us > now]
+        for req in self._queue_order(now):
+            if (full or len(batch) >= self.scenario.scheduler.max_running_requests
                     or used >= budget):
                 rest.append(req)
                 continue
             a = self._admit(req, budget - used, can_chunk=not chunking, reserved=reserved)
-            if a is _NO_TOKEN:
-                full = True
             if a is None or a is _NO_TOKEN:
+                full = True
                 rest.append(req)
                 continue
             batch.append(a)
@@ -704,6 +713,43 @@ class PrefillEngine:
             reserved += self._offset(a)
         self.waiting = rest
         return batch
+
+    def _queue_order(self, now: float) -> list[Request]:
+        """The requests arrived by ``now`` in SGLang's ``waiting_queue`` order after
+        ``SchedulePolicy.calc_priority``.  The queue is a list kept across iterations: a
+        request joins its end when it arrives (a retracted request when it is retracted).
+        ``fcfs`` leaves it in that order; ``lpm``, while at most 128 wait (SGLang turns to
+        ``fcfs`` above), sorts it in place, stably, longest cached prefix first
+        (:meth:`_lpm_sort`)."""
+        ready = {r.rid: r for r in self.waiting if r.arrival_us <= now}
+        order = [rid for rid in self._order if rid in ready]
+        known = set(order)
+        order += [r.rid for r in sorted((r for rid, r in ready.items() if rid not in known),
+                                        key=lambda r: (self._queued.get(r.rid, r.arrival_us), r.rid))]
+        if self.scenario.scheduler.schedule_policy == "lpm" and len(order) <= LPM_MAX_QUEUE:
+            order = self._lpm_sort([ready[rid] for rid in order])
+        self._order = order
+        return [ready[rid] for rid in order]
+
+    def _lpm_sort(self, queue: list[Request]) -> list[int]:
+        """``calc_priority`` under ``lpm``: each request matched against the tree on all its
+        tokens (``_compute_prefix_matches``; the match stamps the path's access time, as
+        SGLang's does, so a waiting request's prefix stays recent in the LRU), its key the
+        matched device and host tokens (at most all but the last); a request whose device
+        match is at most ``IN_BATCH_PREFIX_TOKENS`` and that shares at least that many tokens
+        with an earlier such request goes last (in-batch prefix caching: one of them computes
+        the shared prefix first).  Stable, so ties keep the queue's order."""
+        matched, deprioritized, shared = {}, set(), []
+        for req in queue:
+            ids = self._tokens(req)
+            m = self.cache.match_prefix(MatchPrefixParams(RadixKey(ids)))
+            matched[req.rid] = min(len(m.device_indices) + m.host_hit_length, max(len(ids) - 1, 0))
+            if len(m.device_indices) <= IN_BATCH_PREFIX_TOKENS:
+                if max((_common_prefix(ids, o) for o in shared), default=0) >= IN_BATCH_PREFIX_TOKENS:
+                    deprioritized.add(req.rid)
+                else:
+                    shared.append(ids)
+        return [r.rid for r in sorted(queue, key=lambda r: np.inf if r.rid in deprioritized else -matched[r.rid])]
 
     def _paged(self, n: int) -> int:
         return -(-n // self.page) * self.page
