@@ -628,3 +628,30 @@ def test_every_request_completes_under_either_policy(policy, monkeypatch):
     assert r.requests_total == len(e.completed) > 0 and not e.aborted
     assert e.counts["ownership_checks"] > 0
     assert (keys == sorted(keys)) == (policy == "fcfs")
+
+
+@pytest.mark.parametrize("limit_pages", [3, 9, 40])
+def test_without_chunking_a_batch_stops_at_max_prefill_tokens(limit_pages):
+    """PrefillAdder's ``rem_input_tokens`` (``--max-prefill-tokens``) with chunked prefill off:
+    the first request is always taken; a later one whose page-rounded new tokens reach what
+    is left ends the batch (``OTHER``), and so does the budget running out after a request
+    is added (``budget_state``)."""
+    e = small("upstream-0.5.11", "scheduler.chunked_prefill_size=-1",
+              f"scheduler.max_prefill_tokens={limit_pages * 64}", "workload.concurrency=8")
+    e.start()
+    now = e.session.now
+    queue = sorted((r for r in e.waiting if r.arrival_us <= now), key=lambda r: (r.arrival_us, r.rid))
+    assert len(queue) >= 4
+    left, want = limit_pages * 64, []
+    for r in queue:                                    # nothing is cached yet: every token is new
+        paged = -(-r.input_len // 64) * 64
+        if want and paged >= left:
+            break
+        want.append(r.rid)
+        left -= paged
+        if left <= 0:
+            break
+    batch = e._form_batch()
+    assert [a.req.rid for a in batch] == want
+    if limit_pages == 40:
+        assert 1 < len(want) < len(queue)

@@ -492,7 +492,8 @@ class PrefillEngine:
             got.setflags(write=False)
         return got
 
-    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool, reserved: float = 0.0):
+    def _admit(self, req: Request, budget_tokens: float, can_chunk: bool, reserved: float = 0.0,
+               input_room: float = np.inf):
         """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
         it does not fit the chunk budget (and may not be chunked) or the device pool now.
         A request whose new tokens exceed the budget is admitted as the chunked request when
@@ -501,7 +502,10 @@ class PrefillEngine:
         ``rem_total_token_offset`` so far (:meth:`_reserve`, then :meth:`_offset` of each request
         added); ``_NO_TOKEN``, holding nothing, when the request's new tokens, ``max_new`` and a
         page do not fit in the free and evictable tokens less that (PrefillAdder's
-        ``rem_total_tokens`` check, made with the matched prefix locked)."""
+        ``rem_total_tokens`` check, made with the matched prefix locked).  ``input_room``:
+        PrefillAdder's ``rem_input_tokens`` when chunked prefill is off and the batch has a
+        request (else infinite); None when the request's page-rounded new tokens (after its
+        host hit) reach it."""
         cache = self.cache
         ids = self._tokens(req)
         key = RadixKey(ids)
@@ -512,6 +516,8 @@ class PrefillEngine:
         prefix, node = m.device_indices, m.last_device_node
         chunk_room = int(budget_tokens // self.page * self.page) if np.isfinite(budget_tokens) else 0
         if n_total - len(prefix) - m.host_hit_length > budget_tokens and not (can_chunk and chunk_room >= self.page):
+            return None
+        if self._paged(n_total - len(prefix) - m.host_hit_length) >= input_room:
             return None
         # NOTE: room for the load-back and the new tokens is made (evicting) BEFORE the
         # load-back, as PrefillAdder checks its token budget before init_load_back: a load
@@ -694,21 +700,28 @@ class PrefillEngine:
         # NOTE: a chunked request whose last chunk this is leaves the rest of the budget to
         # others, one of which may be chunked in turn (SGLang's rem_chunk_tokens)
         chunking = bool(batch) and batch[0].done + batch[0].chunk < batch[0].n_new
+        # NOTE: PrefillAdder's rem_input_tokens (--max-prefill-tokens), less each request's
+        # page-rounded chunk; with chunked prefill off a request that would reach it ends the
+        # batch unless it is the first, and either way the batch ends once it is spent
+        # (budget_state); with chunking on, chunked_prefill_size (the smaller default) binds first
+        input_left = float(self.scenario.scheduler.max_prefill_tokens) - sum(self._paged(a.chunk) for a in batch)
         self._abort_too_long(now)
         full = False
         rest = [r for r in self.waiting if r.arrival_us > now]
         for req in self._queue_order(now):
             if (full or len(batch) >= self.scenario.scheduler.max_running_requests
-                    or used >= budget):
+                    or used >= budget or input_left <= 0):
                 rest.append(req)
                 continue
-            a = self._admit(req, budget - used, can_chunk=not chunking, reserved=reserved)
+            room = input_left if batch and not np.isfinite(budget) else np.inf
+            a = self._admit(req, budget - used, can_chunk=not chunking, reserved=reserved, input_room=room)
             if a is None or a is _NO_TOKEN:
                 full = True
                 rest.append(req)
                 continue
             batch.append(a)
             used += a.chunk
+            input_left -= self._paged(a.chunk)
             chunking = chunking or a.chunk < a.n_new
             reserved += self._offset(a)
         self.waiting = rest

@@ -159,6 +159,8 @@ class SchedulerSection(Section):
 
     chunked_prefill_size: int = opt(8192, "tokens per prefill chunk (-1: no chunking)", lo=-1)
     max_running_requests: int = opt(128, "requests in a running batch at most", lo=1)
+    max_prefill_tokens: int = opt(16384, "SGLang's --max-prefill-tokens: a prefill batch's new tokens (page-rounded) "
+                                  "at most, its first request excepted", lo=1)
     max_total_tokens: int = opt(1 << 20, "device KV pool size in tokens per engine", lo=1)
     schedule_conservativeness: float = opt(1.0, "colocated: SGLang's --schedule-conservativeness (the new-token ratio "
                                            "admission reserves decode memory by starts at min(0.7 x this, 1))",
