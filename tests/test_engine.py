@@ -65,7 +65,8 @@ def test_every_request_completes_and_reads_only_its_own_slots(e511):
     assert r.requests_completed == r.requests_total == e.driver.requests_released > 0
     assert e.driver.done and not e.waiting
     assert sorted(e.completed) == list(range(r.requests_total))
-    assert r.ownership_checks == r.requests_total       # every admitted request was checked before its forward
+    # every admitted request was checked before each of its forwards (one per chunk)
+    assert r.ownership_checks == r.requests_total + e.counts["chunks"]
     # every read's entries are the slots the request was handed (no slot of another batch member's new tokens)
     for issue in e.issues:
         for info in issue.reads:
@@ -525,23 +526,22 @@ def test_a_chunked_request_finishing_leaves_its_budget_to_a_new_chunk():
     assert batch[1].chunk == 128 < batch[1].n_new      # 156 tokens of budget left: two pages
 
 
-def test_admission_offset_counts_a_requests_slots_once():
+def test_admission_offset_counts_a_requests_chunk_max_new_and_a_page():
     """PrefillAdder's ``rem_total_token_offset`` grows by a request's page-rounded chunk, its
-    ``max_new`` (last chunk only) and a page; SGLang allocates those slots after the batch is
-    formed, this model at admission, so the offset the model keeps is that less the slots the
-    request already holds for tokens not computed yet."""
+    ``max_new`` (last chunk only) and a page (``_update_prefill_budget``); the chunk's slots
+    are allocated after the batch is formed, so none is counted twice."""
     from types import SimpleNamespace as NS
     e = small("upstream-0.5.11", *PRESSURE)
     page = e.page
     req = e.driver.start(0)[0]
     max_new = e._max_new(req)
     assert max_new == min(e._max_new_tokens(req), 4096) > 1
-    whole = NS(req=req, n_new=100, done=0, chunk=100, new=np.arange(2 * page))
-    assert e._offset(whole) == max_new + page
-    first = NS(req=req, n_new=300, done=0, chunk=2 * page, new=np.arange(5 * page))
-    assert e._offset(first) == 2 * page + page - 5 * page          # no max_new: not its last chunk
-    last = NS(req=req, n_new=300, done=2 * page, chunk=300 - 2 * page, new=np.arange(5 * page))
-    assert e._offset(last) == max_new + page
+    whole = NS(req=req, n_new=100, done=0, chunk=100, new=np.zeros(0, np.int64))
+    assert e._offset(whole) == 2 * page + max_new + page
+    first = NS(req=req, n_new=300, done=0, chunk=2 * page, new=np.zeros(0, np.int64))
+    assert e._offset(first) == 2 * page + page                       # no max_new: not its last chunk
+    last = NS(req=req, n_new=300, done=2 * page, chunk=300 - 2 * page, new=np.arange(2 * page))
+    assert e._offset(last) == 3 * page + max_new + page
     pd = small("upstream-0.5.11", *PRESSURE, *PD_SPLIT)
     assert pd._max_new(req) == 1 and pd._reserve() == 0               # the PD prefill server's max_new_tokens
 
@@ -655,3 +655,52 @@ def test_without_chunking_a_batch_stops_at_max_prefill_tokens(limit_pages):
     assert [a.req.rid for a in batch] == want
     if limit_pages == 40:
         assert 1 < len(want) < len(queue)
+
+
+def test_a_chunked_request_gets_each_chunks_slots_when_its_batch_is_formed():
+    """SGLang allocates a batch's KV slots when the batch is prepared (``alloc_for_extend``),
+    chunk by chunk for a chunked request: a request's slots cover what its batches have
+    computed so far, never its later chunks."""
+    e = small("upstream-0.5.10", "scheduler.chunked_prefill_size=256")
+    seen, run_batch = [], e._run_batch
+
+    def spy(batch):
+        seen.append([(a.done, a.chunk, a.n_new, len(a.new)) for a in batch])
+        run_batch(batch)
+
+    e._run_batch = spy
+    r = e.run()
+    assert r.chunked_batches > 0 and r.requests_completed == r.requests_total
+    page = e.page
+    for b in seen:
+        for done, chunk, n_new, have in b:
+            assert have == -(-(done + chunk) // page) * page, (done, chunk, n_new, have)
+    assert any(have < -(-n_new // page) * page for b in seen for _, _, n_new, have in b)
+
+
+def test_a_batch_short_of_slots_asks_the_tree_for_its_whole_need(monkeypatch):
+    """``alloc_paged_token_slots_extend`` -> ``evict_from_tree_cache``: when fewer slots are
+    free than the batch's new tokens plus a page per request, the tree is asked to evict
+    that whole amount (not the shortfall), once per batch."""
+    e = small("upstream-0.5.11", *PRESSURE)
+    asked, form, calls = [], e._form_batch, []
+    tree = object.__getattribute__(e.cache, "_target")
+    evict = tree.evict
+    monkeypatch.setattr(tree, "evict", lambda p: (calls.append(p.num_tokens), evict(p))[1])
+
+    def spy_form():
+        free = e.session.allocator.available_size()
+        calls.clear()
+        batch = form()
+        if batch:
+            need = sum(a.chunk for a in batch) + len(batch) * e.page
+            asked.append((free, need, list(calls), sum(a.loaded for a in batch)))
+        return batch
+
+    monkeypatch.setattr(e, "_form_batch", spy_form)
+    r = e.run()
+    assert r.requests_completed == r.requests_total
+    short = [(free, need, calls) for free, need, calls, loaded in asked if free < need and not loaded]
+    assert short, "the workload never ran short of slots"
+    for free, need, calls in short:
+        assert calls[-1] == need, (free, need, calls)

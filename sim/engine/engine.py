@@ -253,7 +253,7 @@ class _Admitted:
     prefix: np.ndarray          # device slots of the matched prefix (resident + loaded)
     loaded: int                 # tokens loaded back for it
     node: object                # the locked last node
-    new: np.ndarray             # the new tokens' slots (whole pages; the first n_new are used)
+    new: np.ndarray             # the new tokens' slots so far (whole pages, for done + chunk tokens)
     n_new: int
     done: int = 0               # new tokens computed by earlier chunks
     chunk: int = 0              # new tokens this batch computes
@@ -494,18 +494,19 @@ class PrefillEngine:
 
     def _admit(self, req: Request, budget_tokens: float, can_chunk: bool, reserved: float = 0.0,
                input_room: float = np.inf):
-        """match -> (room made) -> load back -> lock -> allocate; None, holding nothing, when
-        it does not fit the chunk budget (and may not be chunked) or the device pool now.
-        A request whose new tokens exceed the budget is admitted as the chunked request when
-        ``can_chunk`` and at least a page of budget is left: this batch computes a page-aligned
-        first chunk of it (``chunk``), later batches the rest.  ``reserved``: PrefillAdder's
-        ``rem_total_token_offset`` so far (:meth:`_reserve`, then :meth:`_offset` of each request
-        added); ``_NO_TOKEN``, holding nothing, when the request's new tokens, ``max_new`` and a
-        page do not fit in the free and evictable tokens less that (PrefillAdder's
-        ``rem_total_tokens`` check, made with the matched prefix locked).  ``input_room``:
-        PrefillAdder's ``rem_input_tokens`` when chunked prefill is off and the batch has a
-        request (else infinite); None when the request's page-rounded new tokens (after its
-        host hit) reach it."""
+        """PrefillAdder's ``add_one_req``: match -> lock -> check -> load back; None, holding
+        nothing, when it does not fit the chunk budget (and may not be chunked) or
+        ``input_room``.  A request whose page-rounded new tokens exceed the budget is admitted
+        as the chunked request when ``can_chunk`` and at least a page of budget is left: this
+        batch computes a page-aligned first chunk of it (``chunk``), later batches the rest.
+        ``reserved``: PrefillAdder's ``rem_total_token_offset`` so far (:meth:`_reserve`, then
+        :meth:`_offset` of each request added); ``_NO_TOKEN``, holding nothing, when the
+        request's new tokens, ``max_new`` and a page do not fit in the free and evictable
+        tokens less that (the ``rem_total_tokens`` check, made with the matched prefix
+        locked).  ``input_room``: ``rem_input_tokens`` when chunked prefill is off and the
+        batch has a request (else infinite); None when the request's page-rounded new tokens
+        (after its host hit) reach it.  No slot is allocated here: the batch's are, when it
+        is formed (:meth:`_allocate`)."""
         cache = self.cache
         ids = self._tokens(req)
         key = RadixKey(ids)
@@ -515,27 +516,23 @@ class PrefillEngine:
         m = cache.match_prefix(MatchPrefixParams(RadixKey(ids[:n_total - 1])))
         prefix, node = m.device_indices, m.last_device_node
         chunk_room = int(budget_tokens // self.page * self.page) if np.isfinite(budget_tokens) else 0
-        if n_total - len(prefix) - m.host_hit_length > budget_tokens and not (can_chunk and chunk_room >= self.page):
+        real_input = self._paged(n_total - len(prefix) - m.host_hit_length)
+        if real_input > budget_tokens and not (can_chunk and chunk_room >= self.page):
             return None
-        if self._paged(n_total - len(prefix) - m.host_hit_length) >= input_room:
+        if real_input >= input_room:
             return None
-        # NOTE: room for the load-back and the new tokens is made (evicting) BEFORE the
-        # load-back, as PrefillAdder checks its token budget before init_load_back: a load
-        # queued for a request that then cannot run would hold device slots for nobody
         # NOTE: PrefillAdder holds a lock on the matched device node (``_lock_node``) around
-        # the load-back and its own ``inc_lock_ref``, so the eviction they may cause never
-        # takes the prefix just matched
+        # the check, the load-back and its own ``inc_lock_ref``, so the eviction the load-back
+        # may cause never takes the prefix just matched
         held = node
         cache.inc_lock_ref(held)
         if (n_total - len(prefix) + self._max_new(req) + self.page
                 >= self.session.allocator.available_size() + cache.evictable_size() - reserved):
             cache.dec_lock_ref(held)
             return _NO_TOKEN
-        if not self._ensure(-(-(n_total - len(prefix)) // self.page) * self.page):
-            cache.dec_lock_ref(held)
-            return None
         loaded = 0
         if self.hicache and m.host_hit_length > 0:
+            # NOTE: load_back evicts for its own slots when they are short (HiRadixCache.load_back)
             values, node = cache.init_load_back(InitLoadBackParams(m.best_match_node, m.host_hit_length))
             if len(values):
                 prefix = np.concatenate([prefix, values])
@@ -545,24 +542,28 @@ class PrefillEngine:
         cache.inc_lock_ref(node)
         cache.dec_lock_ref(held)
         n_new = n_total - len(prefix)
-        pages = -(-n_new // self.page)
-        new = self._alloc(pages * self.page)
-        if new is None:
-            raise EngineError(f"request {req.rid}: {pages * self.page} device tokens were free before its "
-                              f"load-back and are not now ({self.session.allocator.available_size()} free)")
-        chunk = n_new if n_new <= budget_tokens else chunk_room
-        return _Admitted(req, key, np.asarray(prefix, np.int64), loaded, node, new, n_new, 0, chunk)
+        chunk = n_new if self._paged(n_new) <= budget_tokens else chunk_room
+        return _Admitted(req, key, np.asarray(prefix, np.int64), loaded, node, np.zeros(0, np.int64), n_new, 0, chunk)
 
-    def _ensure(self, need: int) -> bool:
-        """At least ``need`` free device tokens, evicting the shortfall; False if eviction
-        cannot free them now (locked nodes, backups still in flight)."""
-        s = self.session
-        if s.allocator.available_size() < need:
-            self.cache.evict(EvictParams(need - s.allocator.available_size()))
-        return s.allocator.available_size() >= need
-
-    def _alloc(self, need: int):
-        return self.session.allocator.alloc(need) if self._ensure(need) else None
+    def _allocate(self, batch: list[_Admitted]) -> None:
+        """SGLang's ``alloc_for_extend`` for a batch just formed: when fewer slots are free than
+        its new tokens plus a page per request, the tree is asked to evict that whole amount
+        (``alloc_paged_token_slots_extend`` -> ``evict_from_tree_cache``); then each request
+        gets the pages its chunk needs beyond those it has (a chunked request's slots grow
+        chunk by chunk).  Admission's check makes room certain; a shortfall is SGLang's
+        out-of-memory error."""
+        self._evict_for(sum(a.chunk for a in batch) + len(batch) * self.page)
+        alloc = self.session.allocator
+        for a in batch:
+            need = self._paged(a.done + a.chunk) - len(a.new)
+            if need <= 0:
+                continue
+            got = alloc.alloc(need)
+            if got is None:
+                raise EngineError(f"request {a.req.rid}: prefill out of memory: {need} device tokens for its chunk, "
+                                  f"{alloc.available_size()} free after eviction (admission's check should have "
+                                  "prevented this)")
+            a.new = np.concatenate([a.new, np.asarray(got, np.int64)])
 
     def _evict_for(self, need: int) -> None:
         """SGLang's ``evict_from_tree_cache``: when fewer than ``need`` device tokens are free,
@@ -693,9 +694,14 @@ class PrefillEngine:
         reserved = self._reserve()
         if self.chunked is not None:
             a, self.chunked = self.chunked, None
-            a.chunk = int(min(a.n_new - a.done, budget))
+            # NOTE: add_chunked_req: the next chunk is at most the chunk budget and what memory
+            # is left (rem_total_tokens; the whole budget when nothing is), here page-aligned
+            # so that chunks keep whole pages
+            left = (self.session.allocator.available_size() + self.cache.evictable_size() - reserved)
+            left = int(left // self.page * self.page)
+            a.chunk = int(min(a.n_new - a.done, budget, left if left > 0 else budget))
             batch.append(a)
-            used += a.chunk
+            used += self._paged(a.chunk)
             reserved += self._offset(a)
         # NOTE: a chunked request whose last chunk this is leaves the rest of the budget to
         # others, one of which may be chunked in turn (SGLang's rem_chunk_tokens)
@@ -720,11 +726,13 @@ class PrefillEngine:
                 rest.append(req)
                 continue
             batch.append(a)
-            used += a.chunk
+            used += self._paged(a.chunk)
             input_left -= self._paged(a.chunk)
             chunking = chunking or a.chunk < a.n_new
             reserved += self._offset(a)
         self.waiting = rest
+        if batch:
+            self._allocate(batch)
         return batch
 
     def _queue_order(self, now: float) -> list[Request]:
@@ -770,13 +778,10 @@ class PrefillEngine:
     def _offset(self, a: _Admitted) -> int:
         """What adding ``a`` (its chunk ``a.chunk`` from ``a.done`` on) to the batch adds to
         PrefillAdder's ``rem_total_token_offset``: its page-rounded chunk, its ``max_new`` if
-        this chunk is its last, and a page; less the slots this model already allocated it for
-        tokens not computed yet (SGLang allocates a chunk's slots when the batch is prepared,
-        so its free count still has them while the batch forms: here they left it at
-        admission, and counting them in the offset too would count them twice)."""
+        this chunk is its last, and a page (the chunk's slots are allocated after the batch is
+        formed, so the free count does not have them yet)."""
         last = a.done + a.chunk >= a.n_new
-        return (self._paged(a.chunk) + (self._max_new(a.req) if last else 0) + self.page
-                - (len(a.new) - a.done))
+        return self._paged(a.chunk) + (self._max_new(a.req) if last else 0) + self.page
 
     def _prepare(self, batch: list[_Admitted]) -> tuple[int, int, list, ForwardBatch]:
         """What launching ``batch`` starts with, in either loop: its number ``k``, the load
