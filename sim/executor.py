@@ -360,6 +360,9 @@ class LinkResource:
 KEEP_MODES = ("all", "report")
 #: same-instant orders a keep="report" run keeps (the first ones; all are counted)
 TIE_ORDER_LIMIT = 1000
+#: SimPy priority of a gate's release: after simpy.events.NORMAL (1) and URGENT (0), so it
+#: runs once the instant holds no other event
+GATE_PRIORITY = simpy.events.NORMAL + 1
 #: a program run forgets where stream ops ran once this many are held (see Executor._where)
 WHERE_PRUNE = 4096
 
@@ -689,7 +692,15 @@ class Executor:
         """Wait for every op ready at this instant, then go in the tie-break order."""
         ev = self.env.event()
         if not self._pending_gate:
-            self.env.timeout(0).callbacks.append(self._release)
+            # NOTE: released after every other event of this instant (SimPy orders an instant's
+            # events by priority first): a stream that reaches its gate after more zero-time
+            # steps (a wait, a record, a sync in front of its op) still joins this batch, so
+            # how many such steps preceded an op (which a cut window's added syncs change)
+            # never decides its place among same-instant ties
+            release = self.env.event()
+            release._ok, release._value = True, None     # triggered, as succeed() would
+            release.callbacks.append(self._release)
+            self.env.schedule(release, GATE_PRIORITY)
         self._pending_gate.append((op, ev))
         return ev
 

@@ -285,3 +285,18 @@ def test_every_read_of_a_generated_run_survives_its_cut(doc, torn, seed, seeded,
         cut, _ = check_same_read(run, cut_doc, P, r.op_id, torn=torn, seed=seed, verdict=not baked,
                                  ties=window_ties(run, cut_doc))
         _same_hb(run, cut)
+
+
+
+def test_ops_reaching_one_instant_s_gate_after_different_zero_time_steps_keep_the_runs_order():
+    """A case Hypothesis found: ``o13`` (a write) and ``o12`` (a read of the same bytes) start at
+    one instant, ``o12`` behind a wait on its stream, and the cut adds a wait in front of ``o13``.
+    A gate released after the instant's first zero-time step let the number of such steps
+    decide which one landed first, so the cut's read saw the write and the run's did not (or
+    the reverse); released when the instant has drained, both follow the run's order."""
+    doc = {'kvrace_schedule': 1, 'name': 'generated', 'buffers': [{'name': 'H', 'location': 'host', 'kind': 'kv', 'layout': {'kind': 'host', 'layout': 'layer_first', 'layers': 2, 'units': 8, 'unit_bytes': 64}, 'init': [{'layers': 'all', 'indices': {'start': 0, 'count': 8}, 'owner': 1, 'version': 1}]}, {'name': 'D', 'location': 'device', 'kind': 'kv', 'layout': {'kind': 'paged', 'layers': 2, 'pages': 8, 'page_bytes': 64}}, {'name': 'D2', 'location': 'device', 'kind': 'kv2', 'layout': {'kind': 'paged', 'layers': 2, 'pages': 8, 'page_bytes': 64}}], 'streams': ['s0', 's1', 's2'], 'events': ['e0', 'e1', 'e2', 'e3'], 'ops': [{'op': 'record', 'stream': 's0', 'event': 'e0', 'id': 'o0'}, {'op': 'wait', 'stream': 's0', 'event': 'e0', 'id': 'o1'}, {'op': 'wait', 'stream': 's0', 'event': 'e0', 'id': 'o2'}, {'op': 'wait', 'stream': 's0', 'event': 'e0', 'id': 'o3'}, {'op': 'wait', 'stream': 's0', 'event': 'e0', 'id': 'o4'}, {'op': 'compute', 'stream': 's0', 'duration_us': 0.0, 'id': 'o5'}, {'op': 'record', 'stream': 's0', 'event': 'e0', 'id': 'o6'}, {'op': 'host_sync', 'event': 'e0', 'id': 'o7'}, {'op': 'read', 'stream': 's0', 'buffer': 'D', 'layer': 0, 'units': [0], 'id': 'o8'}, {'op': 'read', 'stream': 's0', 'buffer': 'D', 'layer': 0, 'units': [0], 'id': 'o9'}, {'op': 'compute', 'stream': 's0', 'duration_us': 0.0, 'id': 'o10'}, {'op': 'wait', 'stream': 's1', 'event': 'e0', 'id': 'o11'}, {'op': 'read', 'stream': 's1', 'buffer': 'D2', 'layer': 0, 'units': [0], 'id': 'o12'}, {'op': 'write', 'stream': 's2', 'buffer': 'D2', 'units': [0], 'owner': 113, 'layers': [0, 1], 'id': 'o13'}]}
+    s = validate(doc)
+    run = run_schedule(s, P, torn=False, seed=0)
+    t = run.timings["o12"][0]
+    cut_doc = cut_window(run, t0=t, t1=t + 0.001)
+    check_same_read(run, cut_doc, P, "o12", torn=False, seed=0, verdict=False, ties=window_ties(run, cut_doc))
