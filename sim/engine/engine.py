@@ -706,20 +706,21 @@ class PrefillEngine:
         # NOTE: a chunked request whose last chunk this is leaves the rest of the budget to
         # others, one of which may be chunked in turn (SGLang's rem_chunk_tokens)
         chunking = bool(batch) and batch[0].done + batch[0].chunk < batch[0].n_new
-        # NOTE: PrefillAdder's rem_input_tokens (--max-prefill-tokens), less each request's
-        # page-rounded chunk; with chunked prefill off a request that would reach it ends the
-        # batch unless it is the first, and either way the batch ends once it is spent
-        # (budget_state); with chunking on, chunked_prefill_size (the smaller default) binds first
-        input_left = float(self.scenario.scheduler.max_prefill_tokens) - sum(self._paged(a.chunk) for a in batch)
+        # NOTE: PrefillAdder's rem_input_tokens is --max-prefill-tokens less the page-rounded
+        # chunks added, which ``used`` counts too; with chunked prefill off a request that would
+        # reach it ends the batch unless it is the first, and either way the batch ends once it
+        # is spent (budget_state); with chunking on, chunked_prefill_size (the smaller default)
+        # binds first
+        max_input = self.scenario.scheduler.max_prefill_tokens
         self._abort_too_long(now)
         full = False
         rest = [r for r in self.waiting if r.arrival_us > now]
         for req in self._queue_order(now):
             if (full or len(batch) >= self.scenario.scheduler.max_running_requests
-                    or used >= budget or input_left <= 0):
+                    or used >= budget or used >= max_input):
                 rest.append(req)
                 continue
-            room = input_left if batch and not np.isfinite(budget) else np.inf
+            room = max_input - used if batch and not np.isfinite(budget) else np.inf
             a = self._admit(req, budget - used, can_chunk=not chunking, reserved=reserved, input_room=room)
             if a is None or a is _NO_TOKEN:
                 full = True
@@ -727,7 +728,6 @@ class PrefillEngine:
                 continue
             batch.append(a)
             used += self._paged(a.chunk)
-            input_left -= self._paged(a.chunk)
             chunking = chunking or a.chunk < a.n_new
             reserved += self._offset(a)
         self.waiting = rest
