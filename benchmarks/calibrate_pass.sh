@@ -111,7 +111,7 @@ case $PHASE in
     measure; fit
     left=$(( DEADLINE_S - SECONDS ))
     if [ "$left" -ge 150 ]; then
-      agree $(( left - 45 < 300 ? left - 45 : 300 ))
+      agree $(( left - 10 < 300 ? left - 10 : 300 ))
     else
       echo "agree not run: ${left} s left of DEADLINE_S=$DEADLINE_S" | tee "$OUT/agree_not_run.txt"
     fi ;;
