@@ -310,21 +310,24 @@ def test_chunked_prefill_splits_a_long_request_over_batches():
     seen, run_batch = [], e._run_batch
 
     def spy(batch):
-        seen.append([(a.req.rid, a.done, a.chunk, a.n_new) for a in batch])
+        # positions in the prompt: the stash moves computed pages from a.done into a.prefix
+        seen.append([(a.req.rid, len(a.prefix) + a.done, a.chunk, len(a.prefix) + a.n_new) for a in batch])
         run_batch(batch)
 
     e._run_batch = spy
     r = e.run()
     assert r.chunked_batches > 0 and r.requests_completed == r.requests_total
     assert all(sum(c for _, _, c, _ in b) <= 256 for b in seen)
-    # each request's chunks are contiguous and cover its new tokens exactly once
+    # each request's chunks are contiguous and cover its prompt to the end exactly once
     per: dict = {}
+    continuing = 0
     for b in seen:
-        for rid, done, chunk, n_new in b:
-            assert done == per.get(rid, 0) and chunk >= 1
-            per[rid] = done + chunk
-            assert per[rid] <= n_new
-    assert sum(1 for b in seen for rid, done, _, _ in b if done > 0) == r.chunked_batches
+        for rid, at, chunk, total in b:
+            assert at == per.get(rid, at) and chunk >= 1
+            continuing += rid in per
+            per[rid] = at + chunk
+            assert per[rid] <= total
+    assert continuing == r.chunked_batches
 
 
 def test_topk_verdict_tells_selection_changing_races_apart():

@@ -10,9 +10,10 @@ read to the requests whose entries hold the differing bytes.
 One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, reduced):
 
 1. ``check_hicache_events()``: poll the backup and load acks, unlock, free (HiCache on);
-   PD: bring the decode engine up to now;
+   PD: bring the decode engine up to now; the chunked request's computed pages enter the
+   tree (``stash_chunked_request``);
 2. batch formation: the chunked request in progress first, then waiting requests whose arrival
-   time has come, in arrival order, while the batch's new tokens fit
+   time has come, in the queue's order, while the batch's new tokens fit
    ``scheduler.chunked_prefill_size`` (one request at a time may be chunked: a page-aligned
    chunk now, the rest in later batches) and the device pool (``evict`` when short); per
    request: ``match_prefix``, on a host hit ``init_load_back``, ``inc_lock_ref`` of its last
@@ -35,8 +36,7 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    completes in the :class:`WorkloadDriver` at its last output token.
 
 With ``scheduler.event_loop = "overlap"`` the loop is SGLang's ``event_loop_overlap`` instead
-(docs/engine.md, "The overlap loop"): the chunked request stashed into the tree per chunk, batch
-N+1 formed and launched (its load started) before batch N's result is processed on an event
+(docs/engine.md, "The overlap loop"): batch N+1 formed and launched (its load started) before batch N's result is processed on an event
 recorded after N's forward; colocated, decode steps are launched the same way (their KV
 written per layer).
 
@@ -695,10 +695,10 @@ class PrefillEngine:
         if self.chunked is not None:
             a, self.chunked = self.chunked, None
             # NOTE: add_chunked_req: the next chunk is at most the chunk budget and what memory
-            # is left (rem_total_tokens; the whole budget when nothing is), here page-aligned
-            # so that chunks keep whole pages
-            left = (self.session.allocator.available_size() + self.cache.evictable_size() - reserved)
-            left = int(left // self.page * self.page)
+            # is left (int(rem_total_tokens), not page-aligned: the chunk may end mid-page, the
+            # stash inserts the whole pages, the request keeps the partial one); the whole
+            # budget when nothing is left
+            left = int(self.session.allocator.available_size() + self.cache.evictable_size() - reserved)
             a.chunk = int(min(a.n_new - a.done, budget, left if left > 0 else budget))
             batch.append(a)
             used += self._paged(a.chunk)
@@ -846,9 +846,8 @@ class PrefillEngine:
         for a in batch:
             a.done += a.chunk
             if a.done < a.n_new:
-                # NOTE: the chunked request keeps its lock and slots; its KV enters the tree when
-                # its last chunk is done (SGLang inserts each chunk's prefix as it goes, which
-                # only lets other requests share it sooner; the overlap loop does, _stash)
+                # NOTE: the chunked request keeps its lock and slots; its computed pages enter
+                # the tree at the top of the next iteration (_stash)
                 self.chunked = a
                 self.counts["chunks"] += 1
                 continue
@@ -884,7 +883,6 @@ class PrefillEngine:
         self._queued.pop(a.req.rid, None)
         self.decode.admit(a.req.rid, s.now, len(a.key), self._out_len(a.req) - had)
 
-    # ---------------------------------------------------------------- the overlap loop
     def _stash(self, a: _Admitted) -> None:
         """SGLang's ``stash_chunked_request`` -> ``cache_unfinished_req(chunked=True)`` at the top
         of batch formation: the chunked request's computed tokens, page-aligned, enter the tree;
@@ -892,10 +890,11 @@ class PrefillEngine:
         this one matched) are freed, and the request continues on the tree's slots for them
         (``match_prefix`` again), its lock moved to the new last node.
 
-        NOTE: in the overlap loop this runs while the batch that computed the chunk may still
-        be running on the GPU: the freed slots are still being written by that forward (its
-        per-layer KV stores), and the batch formed next may hand them to a load-back, whose H2D
-        only PR #36738's fence orders after those writes."""
+        NOTE: both loops stash at the top of the iteration after the chunk's launch.  In the
+        overlap loop the batch that computed the chunk may still be running on the GPU: the
+        freed slots are still being written by that forward (its per-layer KV stores), and the
+        batch formed next may hand them to a load-back, whose H2D only PR #36738's fence orders
+        after those writes."""
         computed = len(a.prefix) + a.done
         aligned = computed // self.page * self.page
         if aligned <= len(a.prefix):
@@ -927,6 +926,7 @@ class PrefillEngine:
         a.node = m.last_device_node
         return m
 
+    # ---------------------------------------------------------------- the overlap loop
     def _launch(self, batch: list[_Admitted]) -> _Launched:
         """Launch ``batch`` without waiting for it (SGLang's ``run_batch`` in the overlap loop):
         the load queue started, the ownership check, the forward issued per layer with each
@@ -1323,6 +1323,8 @@ class PrefillEngine:
         self._poll()
         if self.pd:
             self._decode_pd()
+        if self.chunked is not None:
+            self._stash(self.chunked)
         batch = self._form_batch()
         if batch:
             self._run_batch(batch)
