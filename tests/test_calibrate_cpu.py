@@ -196,6 +196,8 @@ def test_calibrated_gpu_names_the_card_a_profile_was_measured_on(tmp_path):
     (tmp_path / "p.toml").write_text(text)
     assert calibrated_gpu(str(tmp_path / "p.toml")) == "NVIDIA Test GPU"
     assert calibrated_gpu("sim/profiles/h200-calibrated-sglang.toml") == "NVIDIA H200"
+    # the name torch reports on an H100 SXM: the agreement test skips unless this GPU's name starts with it
+    assert calibrated_gpu("sim/profiles/h100-calibrated-sglang.toml") == "NVIDIA H100 80GB HBM3"
     assert calibrated_gpu("sim/profiles/h200.toml") is None     # a datasheet profile
 
 

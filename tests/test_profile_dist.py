@@ -80,7 +80,7 @@ def test_rate_factor_must_be_positive_and_unknown_keys_are_named():
 
 def test_shipped_profiles_parse_and_the_plain_ones_have_no_timing_table():
     assert load_profile("h200").timing == ()
-    for name in ("h200-calibrated", "h200-calibrated-sglang"):
+    for name in ("h200-calibrated", "h200-calibrated-sglang", "h100-calibrated", "h100-calibrated-sglang"):
         p = load_profile(name)
         for key, table in p.timing:
             assert list(table.values) == sorted(table.values)
