@@ -48,6 +48,7 @@ has nothing in flight.  The run's reads are then judged twice: by the race verdi
 from __future__ import annotations
 
 import dataclasses
+import random
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -78,7 +79,7 @@ from sim.profile import load_profile
 from sim.verdicts import analyse, differing_bytes
 
 __all__ = ["EngineError", "EngineResult", "OwnershipError", "PrefillEngine", "SESSION_MODELS",
-           "reduced_model", "run_prefill_engine"]
+           "dfs_weight_order", "reduced_model", "run_prefill_engine"]
 
 #: model family -> the CacheSession model whose device and host pools it has
 SESSION_MODELS = MappingProxyType({"dsa-v3.2": "dsa", "deepseek-v4-flash": "deepseek-v4"})
@@ -88,6 +89,37 @@ IDLE_US = 50.0
 LPM_MAX_QUEUE = 128
 #: ``lpm``: SGLang's ``IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD`` and ``..._DEPRIORITIZE_THRESHOLD``
 IN_BATCH_PREFIX_TOKENS = 32
+
+
+def dfs_weight_order(root, last_nodes: list) -> list:
+    """SGLang's ``_sort_by_dfs_weight`` (``schedule_policy="dfs-weight"``): ``last_nodes`` is the
+    queue as ``[(rid, node)]``, ``node`` the tree node the request's prefix match ended at.  A
+    node's weight is the number of requests ending at it plus its children's weights
+    (``_calc_weight``); the order is depth first from ``root``, a node's children in descending
+    weight (a stable sort: ties keep the children's order), the requests ending at a node after
+    its subtree's, in queue order (``_get_dfs_priority``).  Returns the rids in that order."""
+    at: dict[int, list] = {}
+    for rid, node in last_nodes:
+        at.setdefault(id(node), []).append(rid)
+    weight: dict[int, int] = {}
+    # NOTE: iterative post-order (a deep tree would overflow SGLang's recursion here)
+    post, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        post.append(node)
+        stack.extend(node.children.values())
+    for node in reversed(post):
+        weight[id(node)] = len(at.get(id(node), ())) + sum(weight[id(c)] for c in node.children.values())
+    out, stack = [], [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            out.extend(at.get(id(node), ()))
+            continue
+        stack.append((node, True))
+        children = sorted(node.children.values(), key=lambda c: -weight[id(c)])
+        stack.extend((c, False) for c in reversed(children))
+    return out
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -406,6 +438,9 @@ class PrefillEngine:
         self.driver = WorkloadDriver(Workload(sc.workload, seed=self.seed), until_us=int(sc.run.duration_s * 1e6))
         self.waiting: list[Request] = []
         self._order: list[int] = []                # rids in SGLang's waiting_queue order (_queue_order)
+        # NOTE: schedule_policy="random" shuffles with Python's global random in SGLang; a
+        # generator of its own, seeded by the run's seed, keeps a run reproducible
+        self._policy_rng = random.Random(f"schedule_policy:{self.seed}")
         self.issues: list[ForwardIssue] = []       # keep="all" only: every batch's forward
         self.read_rids: dict[str, tuple] = {}      # read op id -> (ReadInfo, consumer, {rid: (req, n_ctx)}), until judged
         self.report: dict | None = None            # keep="all": the run's verdicts (analyse), after finish()
@@ -741,14 +776,28 @@ class PrefillEngine:
         request joins its end when it arrives (a retracted request when it is retracted).
         ``fcfs`` leaves it in that order; ``lpm``, while at most 128 wait (SGLang turns to
         ``fcfs`` above), sorts it in place, stably, longest cached prefix first
-        (:meth:`_lpm_sort`)."""
+        (:meth:`_lpm_sort`); ``dfs-weight`` matches every request (stamping its path's access
+        time) and rebuilds it depth first over the tree (:func:`dfs_weight_order`); ``lof``
+        sorts it stably by descending ``max_new_tokens`` (all 1 on a PD prefill server);
+        ``random`` shuffles it."""
         ready = {r.rid: r for r in self.waiting if r.arrival_us <= now}
         order = [rid for rid in self._order if rid in ready]
         known = set(order)
         order += [r.rid for r in sorted((r for rid, r in ready.items() if rid not in known),
                                         key=lambda r: (self._queued.get(r.rid, r.arrival_us), r.rid))]
-        if self.scenario.scheduler.schedule_policy == "lpm" and len(order) <= LPM_MAX_QUEUE:
+        policy = self.scenario.scheduler.schedule_policy
+        if policy == "lpm" and len(order) <= LPM_MAX_QUEUE:
             order = self._lpm_sort([ready[rid] for rid in order])
+        elif policy == "dfs-weight":
+            # NOTE: _compute_prefix_matches first (each match stamps its path's access time)
+            order = dfs_weight_order(self.cache.root_node, [
+                (rid, self.cache.match_prefix(MatchPrefixParams(RadixKey(self._tokens(ready[rid])))).last_device_node)
+                for rid in order])
+        elif policy == "lof":
+            # NOTE: sampling_params.max_new_tokens: 1 for every request of a PD prefill server
+            order = sorted(order, key=lambda rid: 0 if self.pd else -self._max_new_tokens(ready[rid]))
+        elif policy == "random":
+            self._policy_rng.shuffle(order)
         self._order = order
         return [ready[rid] for rid in order]
 

@@ -58,8 +58,9 @@ __all__ = ["DeploymentSection", "HiCacheSection", "ModelSection", "RunSection", 
 #: page size SGLang forces per model family (DeepSeek V4: 256 raw tokens; DSA: 64)
 #: the scheduler loops (``scheduler.event_loop``): SGLang's ``event_loop_normal`` / ``event_loop_overlap``
 EVENT_LOOPS = ("normal", "overlap")
-#: the waiting-queue orders (``scheduler.schedule_policy``): SGLang's ``fcfs`` (its default) and ``lpm``
-SCHEDULE_POLICIES = ("fcfs", "lpm")
+#: the waiting-queue orders (``scheduler.schedule_policy``): SGLang's ``fcfs`` (its default), the
+#: cache-aware ``lpm`` and ``dfs-weight``, ``lof`` and ``random`` (not ``routing-key``: no routing keys)
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight", "lof", "random")
 FORCED_PAGE_SIZE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
 _MAX_BASE_DEPTH = 8
 
@@ -165,8 +166,10 @@ class SchedulerSection(Section):
     schedule_conservativeness: float = opt(1.0, "colocated: SGLang's --schedule-conservativeness (the new-token ratio "
                                            "admission reserves decode memory by starts at min(0.7 x this, 1))",
                                            lo=0, lo_open=True)
-    schedule_policy: str = opt("fcfs", "SGLang's --schedule-policy: 'fcfs' (arrival order, its default) or 'lpm' "
-                               "(longest cached prefix first, device and host hits, while at most 128 wait)",
+    schedule_policy: str = opt("fcfs", "SGLang's --schedule-policy: 'fcfs' (arrival order, its default), 'lpm' "
+                               "(longest cached prefix first, device and host hits, while at most 128 wait), "
+                               "'dfs-weight' (depth first over the tree, heavier subtrees first), 'lof' (longest "
+                               "max_new_tokens first) or 'random'",
                                choices=SCHEDULE_POLICIES)
     overlap: bool = opt(True, "the overlap scheduler (next batch scheduled while the current one runs)")
     event_loop: str = opt("normal", "the scheduler loop: 'normal' (each batch synchronized before the next is formed) "
