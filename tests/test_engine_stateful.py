@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st, ta
 from sim.bytes.describe import describe
 from sim.cache.records import EvictParams
 from sim.engine import PrefillEngine
-from sim.engine.scenario import load_scenario
+from sim.engine.scenario import SCHEDULE_POLICIES, load_scenario
 from sim.executor import run_reference
 
 PRESET = "glm5-22811-small"
@@ -47,8 +47,9 @@ PAGE = 64
 @st.composite
 def workloads(draw, gate_maps=(UNGATED, GATED), event_loop=None):
     """``(overrides, seed)`` for a small run of the preset: a few sessions of a few turns over a
-    device pool of 1.5k to 3k tokens, so later turns find their prefix evicted to the host.
-    ``event_loop``: also set ``scheduler.event_loop`` (and a chunk size that chunks often)."""
+    device pool of 1.5k to 3k tokens, so later turns find their prefix evicted to the host,
+    under any schedule policy, chunked often or never.  ``event_loop``: also set
+    ``scheduler.event_loop``."""
     pool = draw(st.sampled_from([1536, 2048, 3072]))
     user_min = draw(st.integers(32, 256))
     overrides = [
@@ -63,10 +64,12 @@ def workloads(draw, gate_maps=(UNGATED, GATED), event_loop=None):
         f"scheduler.max_total_tokens={pool}",
         # NOTE: a turn always fits the device pool with room for its last page
         f"workload.max_context_tokens={pool - PAGE}",
+        f"scheduler.schedule_policy={draw(st.sampled_from(SCHEDULE_POLICIES))}",
+        # NOTE: both loops stash a chunked request per chunk: chunk often in either
+        f"scheduler.chunked_prefill_size={draw(st.sampled_from([128, 256, 2048, 8192]))}",
     ]
     if event_loop is not None:
-        overrides += [f"scheduler.event_loop={event_loop}",
-                      f"scheduler.chunked_prefill_size={draw(st.sampled_from([128, 256, 2048]))}"]
+        overrides.append(f"scheduler.event_loop={event_loop}")
     return overrides, draw(st.integers(0, 2 ** 16))
 
 

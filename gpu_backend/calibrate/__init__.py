@@ -55,7 +55,8 @@ copy (``fit_kernel``, ``fit_memcpy``); the per-warp rate is fitted by a grid ove
   Multiprocessor``, blocks x 32);
 * ``jitter_frac``: the relative standard deviation of the spin kernel's durations (the replayer's
   ``compute`` ops are spin kernels);
-* ``gpus_per_link``: not measurable on one GPU; 1 (each H200 has its own x16 link).
+* ``gpus_per_link``: not measurable on one GPU; 1 (the card is assumed to have its own x16 link, as each H200
+  and H100 SXM has).
 
 ``fit_profile(meas, "sglang")`` takes the link from SGLang's kernels instead (the
 ``[fit.<provider>_kernel_per_layer_h2d_warp_rate]`` fit of every measured provider is written).

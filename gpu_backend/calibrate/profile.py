@@ -184,7 +184,7 @@ KEY_COMMENTS = {
     "launch_us": "kernel copy: stream ready -> first round starts ([fit.*_h2d_warp_rate])",
     "memcpy_latency_us": "intercept of the H2D memcpy fit ([fit.memcpy_h2d])",
     "item_overhead_us": "per warp round of the kernel copy ([fit.*_h2d_warp_rate])",
-    "gpus_per_link": "not measured (one GPU): each H200 has its own x16 link",
+    "gpus_per_link": "not measured (one GPU): the card is assumed to have its own x16 link",
     "sm_count": "torch.cuda.get_device_properties",
     "resident_warps_per_sm": "occupancy of the builtin warp-per-item kernel at 1024 threads",
     "hbm_gbps": "device-to-device copy, read + write counted ([measurements.hbm])",
