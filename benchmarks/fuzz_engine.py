@@ -39,6 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from sim.engine.scenario import SCHEDULE_POLICIES  # noqa: E402
+from sim.profile import shipped_profiles  # noqa: E402
 
 __all__ = ["Case", "Outcome", "draw_case", "draw_stress_case", "run_case", "classify", "invariants", "main"]
 
@@ -49,7 +53,7 @@ PRESET_FAMILY = {"incident": "deepseek-v4-flash", "incident-short": "deepseek-v4
 GATE_MAPS = ("incident-fork", "upstream-0.5.10", "upstream-0.5.11")
 HYPOTHESES = ("host-freed-during-load", "index-k-c4-token-copy", "index-k-not-backed-up", "index-k-stride-mismatch",
               "load-unfenced", "none", "ungated-index-k", "ungated-index-k-bf16")
-PROFILES = ("h200", "rtx-pro-6000", "h200-calibrated", "h200-calibrated-sglang")
+PROFILES = tuple(shipped_profiles())
 RUN_KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads",
             "torn_reads", "latent_races", "oob_writes", "load_backs", "branches", "sim_time_s", "wall_time_s")
 _ERROR_LINE = re.compile(r"^kvrace: error: (\S+): (.+)$")
@@ -159,6 +163,12 @@ def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str
         ("scheduler.max_total_tokens", "0", True),
         ("scheduler.overlap", rng.choice(["true", "false"]), False), ("scheduler.overlap", "1.5", True),
         ("scheduler.event_loop", rng.choice(["normal", "overlap"]), False), ("scheduler.event_loop", "fast", True),
+        ("scheduler.schedule_policy", rng.choice(SCHEDULE_POLICIES), False),
+        ("scheduler.schedule_policy", rng.choice(["routing-key", "LPM", ""]), True),
+        ("scheduler.max_prefill_tokens", rng.choice([str(ps), str(ps + 1), "16384"]), False),
+        ("scheduler.max_prefill_tokens", "0", True),
+        ("scheduler.schedule_conservativeness", rng.choice(["0.3", "1", "2.5"]), False),
+        ("scheduler.schedule_conservativeness", rng.choice(["0", "-1", "nan"]), True),
         ("workload.kind", "synthetic", False), ("workload.kind", "replay", True),
         ("workload.concurrency", rng.choice(["1", "2", "4"]), False), ("workload.concurrency", "0", True),
         ("workload.sessions", rng.choice(["0", "1", "5"]), False), ("workload.sessions", "-1", True),
