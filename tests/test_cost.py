@@ -10,7 +10,7 @@ from sim.engine.cost import CostModel, CostParams, OpCost, keyed_normal, step_co
 from sim.engine.forward import BatchRequest
 from sim.engine.models import model
 from sim.errors import InputError
-from sim.profile import load_profile
+from sim.profile import load_profile, shipped_profiles
 from tests.helpers import profile
 
 P = CostParams(peak_bf16_tflops=1000.0, peak_fp8_tflops=2000.0, mem_gbps=4000.0, flops_efficiency=0.5,
@@ -21,7 +21,9 @@ def test_shipped_profiles_carry_the_datasheet_terms():
     h, r = load_profile("h200"), load_profile("rtx-pro-6000")
     assert (h.peak_bf16_tflops, h.peak_fp8_tflops, h.mem_gbps) == (989.0, 1979.0, 4800.0)
     assert r.mem_gbps == 1792.0 and r.peak_fp8_tflops == 2 * r.peak_bf16_tflops
-    for name in ("h200", "h200-calibrated", "h200-calibrated-sglang", "rtx-pro-6000"):
+    h100 = load_profile("h100-calibrated")
+    assert (h100.peak_bf16_tflops, h100.peak_fp8_tflops, h100.mem_gbps) == (989.0, 1979.0, 3350.0)
+    for name in shipped_profiles():
         CostParams.from_profile(load_profile(name))
 
 

@@ -36,9 +36,9 @@ One scheduler iteration (SGLang's ``event_loop_normal`` around a prefill batch, 
    completes in the :class:`WorkloadDriver` at its last output token.
 
 With ``scheduler.event_loop = "overlap"`` the loop is SGLang's ``event_loop_overlap`` instead
-(docs/engine.md, "The overlap loop"): batch N+1 formed and launched (its load started) before batch N's result is processed on an event
-recorded after N's forward; colocated, decode steps are launched the same way (their KV
-written per layer).
+(docs/engine.md, "The overlap loop"): batch N+1 formed and launched (its load started) before
+batch N's result is processed on an event recorded after N's forward; colocated, decode steps
+are launched the same way (their KV written per layer).
 
 When nothing is admissible (and, colocated, nothing decodes) the scheduler idles a short host
 delay (or until the next arrival or decode event) and polls again.  The run ends when the driver
