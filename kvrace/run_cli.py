@@ -70,7 +70,9 @@ def format_run(d: dict) -> str:
         ("load-backs", f"{d['load_backs']} ({d['load_back_tokens']} tokens); backups {d['backups']}"),
         ("batches", f"{d['batches']} ({d['forwards_one_step']} forwards in one step"
                     + (f" over {d['simulated_ranks']} ranks" if d.get("simulated_ranks", 1) > 1 else "") + ", "
-                    f"{d['chunked_batches']} with a chunk of a longer prefill)"),
+                    f"{d['chunked_batches']} with a chunk of a longer prefill"
+                    + (f", {d['graph_replays']} that loaded replayed a graph without waits"
+                       if d.get("graph_replays") else "") + ")"),
         ("simulated time", f"{d['sim_time_s']:.3f} s (wall {d['wall_time_s']:.1f} s)"),
     ]
     if d.get("simulated_ranks", 1) > 1:

@@ -184,7 +184,10 @@ class EngineResult:
     decode into (``retract_decode``'s last request).  Every released request ends completed or
     aborted: ``requests_completed + requests_aborted == requests_total``.
     ``requests_retracted``: colocated retractions (a decode step's pages did not fit; the
-    request prefilled again later: :mod:`sim.engine.budget`), counted once per retraction."""
+    request prefilled again later: :mod:`sim.engine.budget`), counted once per retraction.
+    ``graph_replays``: batches that loaded and replayed a captured prefill graph, so that none
+    of their accessors waited (``graph-replay-no-waits``: configuration key
+    ``graph_replay_max_tokens``)."""
 
     scenario: str
     seed: int
@@ -222,13 +225,14 @@ class EngineResult:
     requests_aborted: int = 0
     aborted_requests: list = field(default_factory=list)
     requests_retracted: int = 0
+    graph_replays: int = 0
 
     def to_dict(self) -> dict:
         """The fields as a dict; ``simulated_ranks`` and ``corrupted_reads_by_rank`` only when
         more than one rank was simulated, ``decode`` only with a byte-level decode side,
         ``requests_aborted`` and ``aborted_requests`` only when a request was aborted,
-        ``requests_retracted`` only when one was (so a one-rank result without them is what it
-        was before any existed)."""
+        ``requests_retracted`` only when one was, ``graph_replays`` only when a batch replayed a
+        graph (so a one-rank result without them is what it was before any existed)."""
         d = dataclasses.asdict(self)
         if self.simulated_ranks == 1:
             d.pop("simulated_ranks")
@@ -239,6 +243,8 @@ class EngineResult:
             del d["requests_aborted"], d["aborted_requests"]
         if not self.requests_retracted:
             del d["requests_retracted"]
+        if not self.graph_replays:
+            del d["graph_replays"]
         return d
 
     def signature(self) -> dict:
@@ -428,6 +434,10 @@ class PrefillEngine:
                                self.ratios)
         self._init_ranks()
         self.gate_map = self.config.gate_map
+        # graph-replay-no-waits: the gate map of a batch that replays a captured prefill graph
+        # (no accessor waits: the graph was captured with no load in flight)
+        gm = self.gate_map
+        self._replay_gate_map = gm.override({a: False for a in gm.gated}, name=f"{gm.name}+graph-replay")
         # HiCache off: SGLang's plain RadixCache over the same allocator (no host pool traffic,
         # an evicted prefix is recomputed); on: the session's HiRadixCache
         self.hicache = bool(sc.hicache.prefill)
@@ -471,6 +481,7 @@ class PrefillEngine:
         self._retracted: dict[int, int] = {}
         self._queued: dict[int, float] = {}
         self.counts["stash_frees"] = 0
+        self.counts["graph_replays"] = 0
         self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
         self.aborted: list[dict] = []
@@ -865,6 +876,11 @@ class PrefillEngine:
         s = self.session
         consumer = fb.consumer_index
         events = s.controller.layer_event_names(consumer) if consumer >= 0 else None
+        bound = self.config.graph_replay_max_tokens
+        # a batch that loads and fits the captured prefill graph replays it (graph-replay-no-waits)
+        replay = bound > 0 and consumer >= 0 and sum(r.new_tokens for r in fb.requests) <= bound
+        self.counts["graph_replays"] += replay
+        gate_map = self._replay_gate_map if replay else self.gate_map
         made_for = {a.req.rid: (a.req, len(a.prefix) + a.done + a.chunk) for a in batch}
         for rank, bufs in enumerate(self.rank_buffers):
             # NOTE: each rank decides one step on its own buffers (a slower rank may still have a
@@ -873,7 +889,7 @@ class PrefillEngine:
             self.forwards_one_step += one
             before = None if before_layer is None else (lambda layer, r=rank: before_layer(layer, r))
             issue = issue_forward(
-                s.host.base, rank_name("forward", rank), fb, model=self.model, gate_map=self.gate_map, buffers=bufs,
+                s.host.base, rank_name("forward", rank), fb, model=self.model, gate_map=gate_map, buffers=bufs,
                 cost=self.cost, layer_events=None if events is None else [rank_name(e, rank) for e in events],
                 options=self.options, tp=self.prefill_tp, one_step=one, tag=rank_name(f"fwd{k}", rank),
                 key=(k,) if rank == 0 else (k, rank), before_layer=before)
@@ -1544,7 +1560,7 @@ class PrefillEngine:
             oracle_entries=sum(o.entries_checked for o in self.oracles), index_k_topk_changed=t.topk_changed,
             simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank), decode=decode,
             requests_aborted=len(self.aborted), aborted_requests=list(self.aborted),
-            requests_retracted=self.counts["retractions"])
+            requests_retracted=self.counts["retractions"], graph_replays=self.counts["graph_replays"])
 
     def _decode_cache_engine(self, steps, profile, smodel: str, device_tokens: int, switches: dict,
                              materialise: bool):

@@ -20,6 +20,9 @@ Shipped switches (:func:`hypothesis_names`):
 ``host-freed-during-load``  host slots of an in-flight load may be freed (PR #26728's
                             missing host lock)
 ``index-k-not-backed-up``   index-K never reaches the host pool (SGLang #17085)
+``graph-replay-no-waits``   a prefill batch that loads and fits the captured prefill CUDA
+                            graph (8,192 tokens) replays it, and a graph captured with no
+                            load in flight holds no waits
 ==========================  ==========================================================
 
 The first two act on the gate map (data of :mod:`sim.engine.gates`), which the
@@ -42,6 +45,18 @@ honour (:data:`CONTROLLER_KEYS`):
   free, and reuse, the host slots a running load reads).
 * ``backup_pools``: the pool roles that backups write to the host pool and
   load-backs restore (default: every pool of the model).
+* ``graph_replay_max_tokens``: ``0`` (default: a batch that loads runs its
+  accessors eagerly, each gated one waiting as the gate map says) or the token
+  bound of the captured prefill CUDA graph: a batch that loads (consumer index
+  ``>= 0``) with at most this many new tokens replays the graph, in which no
+  accessor waits.  NOTE: ``wait_until`` is a host-issued ``wait_event`` on the
+  current stream; a graph is captured with consumer index ``-1`` (no load), so
+  none was recorded into it (reference/sglang_hicache.md section 7.3; SGLang
+  0.5.14's scheduler keeps the TODO "disable cuda graph execution if hicache
+  loading triggered"; TokenSpeed PR #370 hit it with a decode graph).  Whether
+  0.5.14's piecewise prefill graph actually captures an accessor depends on
+  where the graph is split (attention runs between the pieces): this switch
+  states the worst case, every accessor inside.
 
 Users add switches without editing the engine: call :func:`register` with a
 :class:`Hypothesis`, or publish one under the entry point group
@@ -73,6 +88,7 @@ CONTROLLER_KEYS: Mapping[str, tuple] = MappingProxyType({
     "load_fence_stream": (("forward", "schedule"), "forward"),
     "host_lock_during_load": (bool, True),
     "backup_pools": (frozenset, None),
+    "graph_replay_max_tokens": (int, 0),
 })
 
 
@@ -89,6 +105,7 @@ class Configuration:
     load_fence_stream: str = "forward"
     host_lock_during_load: bool = True
     backup_pools: frozenset = frozenset()
+    graph_replay_max_tokens: int = 0
     hypotheses: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -97,7 +114,7 @@ class Configuration:
     def __hash__(self):
         return hash((self.model, self.gate_map, tuple(sorted(self.options.items())), self.index_k_partial_pages,
                      self.index_k_host_bytes_per_entry, self.load_fence_stream, self.host_lock_during_load,
-                     self.backup_pools, self.hypotheses))
+                     self.backup_pools, self.graph_replay_max_tokens, self.hypotheses))
 
     def __eq__(self, other):
         return isinstance(other, Configuration) and self.to_dict() == other.to_dict()
@@ -120,7 +137,8 @@ class Configuration:
                 "index_k_partial_pages": self.index_k_partial_pages,
                 "index_k_host_bytes_per_entry": self.index_k_host_bytes_per_entry,
                 "load_fence_stream": self.load_fence_stream, "host_lock_during_load": self.host_lock_during_load,
-                "backup_pools": sorted(self.backup_pools), "hypotheses": list(self.hypotheses)}
+                "backup_pools": sorted(self.backup_pools), "graph_replay_max_tokens": self.graph_replay_max_tokens,
+                "hypotheses": list(self.hypotheses)}
 
 
 def configuration(model_name: str = "deepseek-v4-flash", gate_map_name: str | GateMap = "incident-fork",
@@ -226,6 +244,12 @@ _SHIPPED = (
                lambda c: c.replace(backup_pools=sorted(r for r in c.backup_pools
                                                        if not c.family.pools_for(c.options)[r].index_k)),
                ("backup_pools",), "sglang #17085"),
+    # NOTE: 8192 is the token bound SGLang 0.5.14's PrefillCudaGraphRunner falls back to when no
+    # capture sizes are given; register a variant for another bound
+    Hypothesis("graph-replay-no-waits",
+               "a batch that loads and fits the captured prefill graph (8,192 tokens) replays it: no accessor waits",
+               lambda c: c.replace(graph_replay_max_tokens=8192), ("graph_replay_max_tokens",),
+               "reference/sglang_hicache.md 7.3 (scheduler TODO; TokenSpeed PR #370)"),
 )
 
 _REGISTRY: dict[str, Hypothesis] = {h.name: h for h in _SHIPPED}
