@@ -148,18 +148,34 @@ def race_window(run, report: dict, read_id: str) -> tuple[dict, bool]:
     return doc, _read_status(doc, read_id, run.profile) in ("stale", "torn")
 
 
-def export_races(engine, result, directory, limit: int = 3) -> list[Path]:
+def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path], list[dict]]:
     """Write the window schedule around each of the first ``limit`` raced (stale or torn)
-    reads of a finished ``engine`` run into ``directory``; returns the paths written.  (A
-    ``wrong-kv`` read that did not race has no race window: its bytes are wrong in every
-    order, so the whole run, not a window, is its witness.)"""
+    reads of a finished ``engine`` run into ``directory``; returns the paths written and the
+    reads skipped (``{"op", "reason"}``).  (A ``wrong-kv`` read that did not race has no race
+    window: its bytes are wrong in every order, so the whole run, not a window, is its
+    witness.)
+
+    NOTE: a read whose window cannot be a schedule (its buffers hold more provenance segments
+    at the window's start than a schedule's ``init`` may fill: ``MAX_INIT_FILLS``) is skipped
+    with the reason and the next raced read taken, so ``limit`` counts windows written and the
+    run's summary is never lost to one window."""
+    from sim.errors import InputError
+
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     run = engine.session.finish()
-    paths = []
+    paths: list[Path] = []
+    skipped: list[dict] = []
     raced = [c for c in result.corrupted_reads if c["status"] in ("stale", "torn")]
-    for k, c in enumerate(raced[:limit]):
-        doc, shown = race_window(run, engine.report, c["op"])
+    for c in raced:
+        if len(paths) >= limit:
+            break
+        try:
+            doc, shown = race_window(run, engine.report, c["op"])
+        except InputError as e:
+            skipped.append({"op": c["op"], "reason": str(e)})
+            continue
+        k = len(paths)
         doc["name"] = f"{result.scenario}_race_{k}"
         doc["description"] = (f"Cut by `kvrace run --export-races` from {result.scenario} (seed {result.seed}): read "
                               f"{c['op']} ({c['reader']}, layer {c['layer']}, consumer index {c['consumer_index']}) "
@@ -170,7 +186,7 @@ def export_races(engine, result, directory, limit: int = 3) -> list[Path]:
         p = out / f"race_{k}_{c['op']}.json"
         p.write_text(json.dumps(doc, indent=1) + "\n")
         paths.append(p)
-    return paths
+    return paths, skipped
 
 
 def _run(args) -> int:
@@ -200,12 +216,16 @@ def _run(args) -> int:
     if keep == "all":
         write_run_trace(args, engine.session.finish(), engine.report)
     if args.export_races:
-        paths = export_races(engine, result, args.export_races, args.export_limit)
+        paths, skipped = export_races(engine, result, args.export_races, args.export_limit)
         doc["exported_races"] = [str(p) for p in paths]
+        if skipped:
+            doc["exported_races_skipped"] = skipped
     emit(doc, args.json, lambda _: format_run(d))
     if args.json != "-":
         for p in doc.get("exported_races", []):
             print(f"exported: {p}  (kvrace schedule run {p}; kvrace replay {p})")
+        for s in doc.get("exported_races_skipped", []):
+            print(f"not exported: {s['op']} ({s['reason']})")
     kinds = {"corrupt": d["requests_corrupted"], "race": d["latent_races"], "oob": d["oob_writes"]}
     return 1 if any(kinds[k] for k in args.fail_on) else 0
 

@@ -136,3 +136,37 @@ def test_run_streams_unless_an_output_needs_the_whole_run(exported, tmp_path, mo
     kept = exported[1]
     skip = {"wall_time_s", "exported_races"}
     assert {k: v for k, v in streamed.items() if k not in skip} == {k: v for k, v in kept.items() if k not in skip}
+
+
+def test_a_window_too_large_to_cut_is_skipped_and_named(tmp_path, monkeypatch, capsys):
+    """A raced read whose window cannot be a schedule (its buffer holds more provenance segments
+    than MAX_INIT_FILLS at the window's start: seen on a graph-replay-no-waits run) is skipped
+    with the reason; the export goes on to the next raced read, and the run's summary and JSON
+    are still written."""
+    import kvrace.run_cli as run_cli
+    from sim.errors import InputError
+
+    real = run_cli.race_window
+    refused = []
+
+    def first_too_large(run, report, read_id):
+        if not refused:
+            refused.append(read_id)
+            raise InputError("buffers[1].init[0].segments", "the buffers' init entries would fill 4377 "
+                             "(entry, layer) pairs; expected at most MAX_INIT_FILLS = 4096")
+        return real(run, report, read_id)
+
+    monkeypatch.setattr(run_cli, "race_window", first_too_large)
+    rc = main(ARGS + ["--json", str(tmp_path / "run.json"), "--export-races", str(tmp_path / "races"),
+                      "--export-limit", "2", "--fail-on", "none"])
+    doc = json.loads((tmp_path / "run.json").read_text())
+    assert rc == 0
+    raced = [c["op"] for c in doc["corrupted_reads"] if c["status"] in ("stale", "torn")]
+    assert refused == raced[:1]
+    assert [s["op"] for s in doc["exported_races_skipped"]] == raced[:1]
+    assert "MAX_INIT_FILLS" in doc["exported_races_skipped"][0]["reason"]
+    # the limit counts windows written: the next two raced reads
+    from pathlib import Path
+    assert [Path(p).name.split("_", 2)[-1][:-len(".json")] for p in doc["exported_races"]] == raced[1:3]
+    out = capsys.readouterr().out
+    assert f"not exported: {raced[0]}" in out
