@@ -7,8 +7,8 @@ engine faster must leave every result as it was).
 ``TREE`` is a checkout or ``git archive <commit> | tar -x -C TREE``; run it in two trees and
 compare the columns.  The digest is the one ``bench_bytes_ab.py`` prints (``result_sha256``:
 ``dataclasses.asdict`` of the result but ``wall_time_s`` and, while zero, ``requests_retracted``
-(added later), JSON with sorted keys), so the two
-agree on a case they share.  The cases: wrong-KV and raced reads of every hypothesis on
+and ``graph_replays`` (added later), JSON with sorted keys), so the two agree on a case they
+share.  The cases: wrong-KV and raced reads of every hypothesis on
 ``incident-short``, the 0.5.10 gate map of ``glm5-22811-small`` at two concurrencies, the
 overlap loop unfenced on a tight pool, two TP ranks (``incident-repro``), and 45 and 100
 simulated seconds of ``incident``.
@@ -59,7 +59,7 @@ def run_case(name: str) -> dict:
     # NOTE: fields added after the first digests, left out while they are zero, so a result
     # without them digests as it did before they existed
     # (bench_bytes_ab.py does the same; its child runs in trees of any age, so it has its own copy)
-    for late in ("requests_retracted",):
+    for late in ("requests_retracted", "graph_replays"):
         if late in d and not d[late]:
             d.pop(late)
     return {"case": name, "result_sha256": hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest(),
