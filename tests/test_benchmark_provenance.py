@@ -24,3 +24,20 @@ def test_admission_timeline_prints_a_row_per_interval(capsys, monkeypatch):
     done = [int(r[2]) for r in rows]
     assert done == sorted(done) and done[-1] > 0
     assert all(int(r[9]) >= 0 and int(r[10]) >= 0 for r in rows)
+
+
+def test_profile_late_profiles_only_the_late_stretch(tmp_path, monkeypatch, capsys):
+    """benchmarks/profile_late.py (BENCHMARKS.md's twenty-fourth session cites it): the stats
+    cover the profiled stretch's batches, not the warm-up's."""
+    import pstats
+    import sys
+
+    from benchmarks import profile_late
+    out = tmp_path / "late.prof"
+    monkeypatch.setattr(sys, "argv", ["profile_late.py", "1", "1", "--out", str(out)])
+    profile_late.main()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("warm cpu") and lines[1].startswith("profiled cpu")
+    batches = int(lines[1].split("batches ")[1])
+    calls = {f[2]: v[1] for f, v in pstats.Stats(str(out)).stats.items() if f[0].endswith("engine.py")}
+    assert batches > 0 and calls["_run_batch"] == batches
