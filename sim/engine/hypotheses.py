@@ -53,10 +53,12 @@ honour (:data:`CONTROLLER_KEYS`):
   current stream; a graph is captured with consumer index ``-1`` (no load), so
   none was recorded into it (reference/sglang_hicache.md section 7.3; SGLang
   0.5.14's scheduler keeps the TODO "disable cuda graph execution if hicache
-  loading triggered"; TokenSpeed PR #370 hit it with a decode graph).  Whether
-  0.5.14's piecewise prefill graph actually captures an accessor depends on
-  where the graph is split (attention runs between the pieces): this switch
-  states the worst case, every accessor inside.
+  loading triggered"; TokenSpeed PR #370 hit it with a decode graph).  0.5.14
+  turns the prefill graph off under HiCache or PD only when its backend was
+  not set explicitly (``_apply_cuda_graph_compatibility``).  Whether a prefill
+  graph captures an accessor depends on where it is split (attention runs
+  between the pieces): this switch states the worst case, every accessor
+  inside.
 
 Users add switches without editing the engine: call :func:`register` with a
 :class:`Hypothesis`, or publish one under the entry point group
