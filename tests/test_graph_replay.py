@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import pytest
 
+import sim.engine.hypotheses as hypotheses
 from sim.engine import PrefillEngine
-from sim.engine.hypotheses import Hypothesis, configuration, hypothesis, register
+from sim.engine.hypotheses import Hypothesis, configuration, hypothesis, hypothesis_names, register
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
 
@@ -64,15 +65,21 @@ def test_without_the_switch_the_same_seed_is_clean():
     assert "graph_replays" not in r.to_dict()     # results without replays read as they did before
 
 
-def test_batches_over_the_bound_run_eagerly_and_wait():
+def test_batches_over_the_bound_run_eagerly_and_wait(monkeypatch):
+    # NOTE: registered for this test only (the registry is global: a signature table built later
+    # in this process would grow a row)
+    monkeypatch.setattr(hypotheses, "_REGISTRY", dict(hypotheses._REGISTRY))
     register(Hypothesis("graph-replay-tiny", "only batches of at most 1 token replay a graph",
-                        lambda c: c.replace(graph_replay_max_tokens=1), ("graph_replay_max_tokens",)),
-             replace=True)
+                        lambda c: c.replace(graph_replay_max_tokens=1), ("graph_replay_max_tokens",)))
     r = engine("variant.hypotheses=graph-replay-tiny").run()
     base = engine().run()
     # no loading batch has a single token: none replays, and the run is the unswitched run
     assert r.graph_replays == 0
     assert r.signature() == base.signature()
+
+
+def test_the_test_switch_left_the_registry():
+    assert "graph-replay-tiny" not in hypothesis_names()
 
 
 def test_the_bound_is_validated():
