@@ -51,8 +51,8 @@ PAGE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
 PRESET_FAMILY = {"incident": "deepseek-v4-flash", "incident-short": "deepseek-v4-flash",
                  "incident-repro": "deepseek-v4-flash", "glm5-22811": "dsa-v3.2", "glm5-22811-small": "dsa-v3.2"}
 GATE_MAPS = ("incident-fork", "upstream-0.5.10", "upstream-0.5.11")
-HYPOTHESES = ("host-freed-during-load", "index-k-c4-token-copy", "index-k-not-backed-up", "index-k-stride-mismatch",
-              "load-unfenced", "none", "ungated-index-k", "ungated-index-k-bf16")
+HYPOTHESES = ("graph-replay-no-waits", "host-freed-during-load", "index-k-c4-token-copy", "index-k-not-backed-up",
+              "index-k-stride-mismatch", "load-unfenced", "none", "ungated-index-k", "ungated-index-k-bf16")
 PROFILES = tuple(shipped_profiles())
 RUN_KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads",
             "torn_reads", "latent_races", "oob_writes", "load_backs", "branches", "sim_time_s", "wall_time_s")
@@ -354,7 +354,8 @@ def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
         o["variant.gate_map"] = rng.choice(["upstream-0.5.10", "upstream-0.5.11"])
         o["model.index_k_store"] = rng.choice(["fused", "fallback"])
         o["model.indexer_path"] = rng.choice(["cuda", "cuda_cp", "other"])
-        hyps = ["none", "ungated-index-k", "load-unfenced", "host-freed-during-load", "index-k-not-backed-up"]
+        hyps = ["none", "ungated-index-k", "load-unfenced", "host-freed-during-load", "index-k-not-backed-up",
+                "graph-replay-no-waits"]
     else:
         o["model.index_k_dtype"] = rng.choice(["fp8", "bf16"])
         hyps = list(HYPOTHESES)
@@ -363,7 +364,8 @@ def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
     return case
 
 
-EVICT_HYPS = ("none", "host-freed-during-load", "load-unfenced", "index-k-not-backed-up", "ungated-index-k")
+EVICT_HYPS = ("none", "host-freed-during-load", "load-unfenced", "index-k-not-backed-up", "ungated-index-k",
+              "graph-replay-no-waits")
 
 
 def _jitter_profile(base: str, jitter_us: float) -> str:
