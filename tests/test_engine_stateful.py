@@ -42,13 +42,17 @@ PRESET = "glm5-22811-small"
 LAYERS = 2
 GATED, UNGATED = "upstream-0.5.11", "upstream-0.5.10"
 PAGE = 64
+#: drawn for ``variant.hypotheses`` (shrinking towards ``none``): a batch that loads may replay a
+#: graph without waits, whatever the gate map
+HYPOTHESES = ("none", "none", "graph-replay-no-waits")
 
 
 @st.composite
 def workloads(draw, gate_maps=(UNGATED, GATED), event_loop=None):
     """``(overrides, seed)`` for a small run of the preset: a few sessions of a few turns over a
     device pool of 1.5k to 3k tokens, so later turns find their prefix evicted to the host,
-    under any schedule policy, chunked often or never.  ``event_loop``: also set
+    under any schedule policy, chunked often or never, now and then with the prefill batches
+    that load replaying a graph without waits.  ``event_loop``: also set
     ``scheduler.event_loop``."""
     pool = draw(st.sampled_from([1536, 2048, 3072]))
     user_min = draw(st.integers(32, 256))
@@ -67,6 +71,7 @@ def workloads(draw, gate_maps=(UNGATED, GATED), event_loop=None):
         f"scheduler.schedule_policy={draw(st.sampled_from(SCHEDULE_POLICIES))}",
         # NOTE: both loops stash a chunked request per chunk: chunk often in either
         f"scheduler.chunked_prefill_size={draw(st.sampled_from([128, 256, 2048, 8192]))}",
+        f"variant.hypotheses={draw(st.sampled_from(HYPOTHESES))}",
     ]
     if event_loop is not None:
         overrides.append(f"scheduler.event_loop={event_loop}")
@@ -110,7 +115,10 @@ def _check_run(e: PrefillEngine, r, gate_map: str) -> None:
     assert r.reads_total == sum(len(i.reads) for i in e.issues)
     assert r.load_back_tokens % PAGE == 0 and r.load_back_tokens >= r.load_backs
     assert r.oob_writes == 0
-    if gate_map == GATED:
+    # a replayed graph is a batch that loaded (one forward issue per batch: one simulated rank)
+    replays = e.config.graph_replay_max_tokens > 0
+    assert r.graph_replays <= sum(issue.consumer_index >= 0 for issue in e.issues) if replays else r.graph_replays == 0
+    if gate_map == GATED and not replays:
         assert r.requests_corrupted == 0 and r.stale_reads == r.torn_reads == 0 and not r.corrupted_reads
         assert r.latent_races_by_buffer.get("index_k_with_scale_buffer", 0) == 0
 
