@@ -1,7 +1,7 @@
 """``graph-replay-no-waits``: a load-carrying prefill batch replays a CUDA graph captured without
 waits (reference/sglang_hicache.md section 7.3: waits are host-issued ``wait_event`` calls, so a
-graph captured with consumer index -1 holds none; SGLang 0.5.14's scheduler still carries the
-TODO "disable cuda graph execution if hicache loading triggered").
+graph captured with consumer index -1 holds none; SGLang 0.5.14's scheduler notes that graph
+execution should be turned off when a HiCache load is triggered, and does not do it).
 
 Tiny runs of ``glm5-22811-small`` (2 DSA layers) under the 0.5.11 gate map, where every accessor
 waits: without the switch nothing is corrupted; with it the batches that load replay a graph and

@@ -51,9 +51,10 @@ honour (:data:`CONTROLLER_KEYS`):
   ``>= 0``) with at most this many new tokens replays the graph, in which no
   accessor waits.  NOTE: ``wait_until`` is a host-issued ``wait_event`` on the
   current stream; a graph is captured with consumer index ``-1`` (no load), so
-  none was recorded into it (reference/sglang_hicache.md section 7.3; SGLang
-  0.5.14's scheduler keeps the TODO "disable cuda graph execution if hicache
-  loading triggered"; TokenSpeed PR #370 hit it with a decode graph).  0.5.14
+  none was recorded into it (reference/sglang_hicache.md section 7.3: SGLang
+  0.5.14's scheduler notes that graph execution should be turned off when a
+  HiCache load is triggered, and does not do it; TokenSpeed PR #370 hit the
+  same with a decode graph).  0.5.14
   turns the prefill graph off under HiCache or PD only when its backend was
   not set explicitly (``_apply_cuda_graph_compatibility``).  Whether a prefill
   graph captures an accessor depends on where it is split (attention runs
@@ -251,7 +252,7 @@ _SHIPPED = (
     Hypothesis("graph-replay-no-waits",
                "a batch that loads and fits the captured prefill graph (8,192 tokens) replays it: no accessor waits",
                lambda c: c.replace(graph_replay_max_tokens=8192), ("graph_replay_max_tokens",),
-               "reference/sglang_hicache.md 7.3 (scheduler TODO; TokenSpeed PR #370)"),
+               "reference/sglang_hicache.md 7.3 (SGLang scheduler note; TokenSpeed PR #370)"),
 )
 
 _REGISTRY: dict[str, Hypothesis] = {h.name: h for h in _SHIPPED}
