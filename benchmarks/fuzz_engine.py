@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from sim.engine.hypotheses import hypothesis_names  # noqa: E402
 from sim.engine.scenario import SCHEDULE_POLICIES  # noqa: E402
 from sim.profile import shipped_profiles  # noqa: E402
 
@@ -51,8 +52,7 @@ PAGE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
 PRESET_FAMILY = {"incident": "deepseek-v4-flash", "incident-short": "deepseek-v4-flash",
                  "incident-repro": "deepseek-v4-flash", "glm5-22811": "dsa-v3.2", "glm5-22811-small": "dsa-v3.2"}
 GATE_MAPS = ("incident-fork", "upstream-0.5.10", "upstream-0.5.11")
-HYPOTHESES = ("graph-replay-no-waits", "host-freed-during-load", "index-k-c4-token-copy", "index-k-not-backed-up",
-              "index-k-stride-mismatch", "load-unfenced", "none", "ungated-index-k", "ungated-index-k-bf16")
+HYPOTHESES = tuple(hypothesis_names())     # every shipped switch (sorted: draws stay seeded)
 PROFILES = tuple(shipped_profiles())
 RUN_KEYS = ("scenario", "seed", "requests_total", "requests_corrupted", "corrupted_fraction", "stale_reads",
             "torn_reads", "latent_races", "oob_writes", "load_backs", "branches", "sim_time_s", "wall_time_s")
