@@ -1,9 +1,12 @@
 """Where the streaming engine's CPU time goes: cProfile of one `kvrace run`, grouped by part.
 
-    python benchmarks/profile_engine.py [SCENARIO] [--set key=value]... [--duration S] [--top N]
+    python benchmarks/profile_engine.py [SCENARIO] [--set key=value]... [--duration S] [--warm W] [--top N]
 
 Runs ``SCENARIO`` (default ``incident``) with ``run.duration_s = S`` (default 3) through the
-streaming engine (``keep="report"``) under cProfile and prints the CPU seconds (``process_time``,
+streaming engine (``keep="report"``) under cProfile (``--warm W``: the first ``W`` simulated
+seconds unprofiled, so a late stretch of a long run is profiled alone: the late minutes of
+``incident``, full chunks and backups without load-backs, cost differently from its first ones)
+and prints the CPU seconds (``process_time``,
 profiler included), then the cumulative time of each part of the hot path, with its share of the
 profiled total (CPU time: the profiler's clock is ``process_time``) and the file that owns it,
 then the top ``N`` functions by own time.  The parts
@@ -45,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("scenario", nargs="?", default="incident")
     ap.add_argument("--set", action="append", default=[])
     ap.add_argument("--duration", type=float, default=3.0)
+    ap.add_argument("--warm", type=float, default=0.0,
+                    help="simulated seconds run before the profiler starts (default 0)")
     ap.add_argument("--top", type=int, default=15)
     a = ap.parse_args(argv)
     from sim.engine.engine import PrefillEngine
@@ -54,14 +59,22 @@ def main(argv=None) -> int:
     # NOTE: the process's CPU clock, not the wall clock: on a shared machine the wall time of
     # a function grows with the other processes' load
     prof = cProfile.Profile(time.process_time)
+    e.start()
+    c0 = time.process_time()
+    while e.session.now < a.warm * 1e6 and e.step():
+        pass
+    warm = (f", the first {e.session.now / 1e6:.2f} s unprofiled ({time.process_time() - c0:.1f} CPU s, "
+            f"{e.counts['batches']} batches)") if a.warm else ""
     c0 = time.process_time()
     prof.enable()
-    r = e.run()
+    while e.step():
+        pass
+    r = e.finish()
     prof.disable()
     cpu = time.process_time() - c0
     st = pstats.Stats(prof)
     total = max(v[3] for v in st.stats.values())
-    print(f"{a.scenario} {' '.join(a.set)} run.duration_s={a.duration}: sim {r.sim_time_s:.2f} s, CPU {cpu:.1f} s "
+    print(f"{a.scenario} {' '.join(a.set)} run.duration_s={a.duration}: sim {r.sim_time_s:.2f} s{warm}, CPU {cpu:.1f} s "
           f"under cProfile, {e.session.finish().n_ops} ops, {r.batches} batches, {r.reads_total} reads, "
           f"{r.requests_total} requests")
     print(f"{'part':<66} {'cum s':>7} {'share':>6}  owner")

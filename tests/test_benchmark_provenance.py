@@ -26,18 +26,25 @@ def test_admission_timeline_prints_a_row_per_interval(capsys, monkeypatch):
     assert all(int(r[9]) >= 0 and int(r[10]) >= 0 for r in rows)
 
 
-def test_profile_late_profiles_only_the_late_stretch(tmp_path, monkeypatch, capsys):
-    """benchmarks/profile_late.py (BENCHMARKS.md's twenty-fourth session cites it): the stats
-    cover the profiled stretch's batches, not the warm-up's."""
-    import pstats
-    import sys
 
-    from benchmarks import profile_late
-    out = tmp_path / "late.prof"
-    monkeypatch.setattr(sys, "argv", ["profile_late.py", "1", "1", "--out", str(out)])
-    profile_late.main()
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("warm cpu") and lines[1].startswith("profiled cpu")
-    batches = int(lines[1].split("batches ")[1])
-    calls = {f[2]: v[1] for f, v in pstats.Stats(str(out)).stats.items() if f[0].endswith("engine.py")}
-    assert batches > 0 and calls["_run_batch"] == batches
+def test_profile_engine_warm_profiles_only_the_stretch_after_it(capsys, monkeypatch):
+    """benchmarks/profile_engine.py --warm (BENCHMARKS.md's twenty-fourth session cites it): the
+    stats cover the batches after the warm-up, not the warm-up's."""
+    import pstats
+
+    from benchmarks import profile_engine
+    seen = {}
+    real = pstats.Stats
+
+    def keep(prof, *args):
+        seen["stats"] = real(prof, *args)
+        return seen["stats"]
+
+    monkeypatch.setattr(profile_engine.pstats, "Stats", keep)
+    assert profile_engine.main(["glm5-22811-small", "--set", "run.layers=2", "--duration", "0.09",
+                                "--warm", "0.05", "--top", "1"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    warm_batches = int(head.split("unprofiled (")[1].split(" CPU s, ")[1].split(" batches")[0])
+    total = int(head.split(" batches, ")[0].rsplit(" ", 1)[1])
+    calls = {f[2]: v[1] for f, v in seen["stats"].stats.items() if f[0].endswith("engine.py")}
+    assert 0 < warm_batches < total and calls["_run_batch"] == total - warm_batches
