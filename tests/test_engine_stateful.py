@@ -117,7 +117,10 @@ def _check_run(e: PrefillEngine, r, gate_map: str) -> None:
     assert r.oob_writes == 0
     # a replayed graph is a batch that loaded (one forward issue per batch: one simulated rank)
     replays = e.config.graph_replay_max_tokens > 0
-    assert r.graph_replays <= sum(issue.consumer_index >= 0 for issue in e.issues) if replays else r.graph_replays == 0
+    if replays:
+        assert r.graph_replays <= sum(issue.consumer_index >= 0 for issue in e.issues)
+    else:
+        assert r.graph_replays == 0
     if gate_map == GATED and not replays:
         assert r.requests_corrupted == 0 and r.stale_reads == r.torn_reads == 0 and not r.corrupted_reads
         assert r.latent_races_by_buffer.get("index_k_with_scale_buffer", 0) == 0
