@@ -54,12 +54,11 @@ honour (:data:`CONTROLLER_KEYS`):
   none was recorded into it (reference/sglang_hicache.md section 7.3: SGLang
   0.5.14's scheduler notes that graph execution should be turned off when a
   HiCache load is triggered, and does not do it; TokenSpeed PR #370 hit the
-  same with a decode graph).  0.5.14
-  turns the prefill graph off under HiCache or PD only when its backend was
-  not set explicitly (``_apply_cuda_graph_compatibility``).  Whether a prefill
-  graph captures an accessor depends on where it is split (attention runs
-  between the pieces): this switch states the worst case, every accessor
-  inside.
+  same with a decode graph).  0.5.14 turns the prefill graph off under HiCache
+  or PD only when its backend was not set explicitly
+  (``_apply_cuda_graph_compatibility``).  Whether a prefill graph captures an
+  accessor depends on where it is split (attention runs between the pieces):
+  this switch states the worst case, every accessor inside.
 
 Users add switches without editing the engine: call :func:`register` with a
 :class:`Hypothesis`, or publish one under the entry point group
