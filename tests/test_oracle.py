@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.engine import PrefillEngine
-from sim.engine.oracle import ContentKeys, KVOracle, content_key
+from sim.engine.oracle import ContentKeyIds, ContentKeys, KVOracle, content_key
 from sim.engine.scenario import load_scenario
 from sim.engine.workload import Request, TokenSource
 from sim.pools.layouts import PagedLayout
@@ -21,6 +21,36 @@ def test_content_keys_share_the_system_prompt_and_a_session_across_turns():
     assert content_key(req(1), 512) == content_key(req(2), 512) == (-1, 512)
     assert content_key(req(1), 2048) != content_key(req(2), 2048)
     assert content_key(req(1, rid=5), 2048) == content_key(req(1, n=8000, rid=9), 2048)
+
+
+class _Listed:
+    """A token source that is not a ``TokenSource`` (as a replayed trace's): position p is p."""
+
+    def ids(self, session, start, stop):
+        return np.arange(start, stop, dtype=np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["one", "many"]), st.integers(0, 5), st.integers(0, 3),
+                          st.lists(st.integers(0, 5000), max_size=12)), max_size=25))
+def test_content_key_ids_are_the_dict_they_replaced(calls):
+    """``ContentKeyIds`` numbers keys as ``dict.setdefault(key, len(dict))`` did, call for call:
+    one key at a time (``id_of``) or a request's prefixes at once (``ids``, new keys in order
+    of first appearance), TokenSource keys (packed) and hashed ones (a trace's requests) alike."""
+    ref: dict = {}
+    got = ContentKeyIds()
+    for how, session, s0_k, ns in calls:
+        r = req(session, n=6000, s0=(0, 1, 300, 1024)[s0_k])
+        if session == 5:                                   # not a TokenSource: hashed keys
+            r = Request(0, 5, 0, 0, 6000, 16, 0, True, _Listed())
+        want = [ref.setdefault(content_key(r, n), len(ref)) for n in ns]
+        if how == "one":
+            have = [got.id_of(content_key(r, n)) for n in ns]
+        else:
+            have = got.ids(r, np.array(ns, np.int64)).tolist()
+        assert have == want
+        assert len(got) == len(ref)
+    assert dict(got.items()) == ref
 
 
 def test_expected_key_of_a_page_is_its_prefix_up_to_the_last_completed_entry():

@@ -60,7 +60,7 @@ from sim.engine.workload import TokenSource, output_tokens, tokens
 from sim.errors import InputError
 from sim.pools.layouts import PagedLayout
 
-__all__ = ["ContentKeys", "KVOracle", "LayerContents", "content_key"]
+__all__ = ["ContentKeyIds", "ContentKeys", "KVOracle", "LayerContents", "content_key"]
 
 
 def content_key(req, n: int) -> tuple:
@@ -121,6 +121,86 @@ def _pieces_one(buf, lo: np.ndarray, hi):
     n = lo.size
     row, oid, delta = buf.locate(np.concatenate([lo, hi]))
     return oid[:n], delta[:n], row[:n], row[n:], buf.segment_count()
+
+
+class ContentKeyIds:
+    """Dense ids of content keys (:func:`content_key`), in the order keys are first asked
+    for: what :class:`KVOracle` files and compares instead of the keys.
+
+    :meth:`id_of` gives one key's id, as ``dict.setdefault(key, len(dict))`` would;
+    :meth:`ids` gives the ids of a request's prefixes of many lengths at once, the same ids
+    in the same order of assignment (new keys numbered in the order of their first
+    appearance in ``ns``).  A :class:`~sim.engine.workload.TokenSource` key ``(session, n)``
+    (``(-1, n)`` inside the system prompt) is packed into one int64 and kept in a sorted
+    array, so a whole request's keys are one ``searchsorted``; other keys (hashed token ids)
+    stay in a dict.
+
+    NOTE: a forward's check asks for the key of every page end of every request it reads
+    (312 for an 80k-token context, per pool role): one dict lookup and one tuple each were
+    about 6 % of a long ``incident`` run."""
+
+    #: a packed key is ``(session + 1) << N_BITS | n``: ``n`` below 2**40, sessions below 2**22
+    N_BITS = 40
+    MAX_SESSION = (1 << 22) - 2
+
+    def __init__(self):
+        self._other: dict = {}                        # key that does not pack -> id
+        self._keys = np.zeros(0, np.int64)            # packed keys, sorted
+        self._vals = np.zeros(0, np.int64)            # their ids
+        self._next = 0
+
+    def __len__(self) -> int:
+        return self._next
+
+    def _packs(self, key) -> bool:
+        return (type(key) is tuple and len(key) == 2 and all(isinstance(k, (int, np.integer)) for k in key)
+                and -1 <= key[0] <= self.MAX_SESSION and 0 <= key[1] < (1 << self.N_BITS))
+
+    def id_of(self, key) -> int:
+        """The id of ``key`` (a new key gets the next id)."""
+        if self._packs(key):
+            return int(self._packed_ids(np.array([((int(key[0]) + 1) << self.N_BITS) | int(key[1])], np.int64))[0])
+        got = self._other.get(key)
+        if got is None:
+            got = self._other[key] = self._next
+            self._next += 1
+        return got
+
+    def ids(self, req, ns) -> np.ndarray:
+        """``[id_of(content_key(req, n)) for n in ns]`` as an int64 array, the same ids."""
+        ns = np.asarray(ns, np.int64)
+        src = req.source
+        if (isinstance(src, TokenSource) and 0 <= req.session <= self.MAX_SESSION
+                and (not ns.size or (int(ns.min()) >= 0 and int(ns.max()) < (1 << self.N_BITS)))):
+            group = np.where(ns <= src.system_prompt_tokens, 0, int(req.session) + 1).astype(np.int64)
+            return self._packed_ids((group << self.N_BITS) | ns)
+        return np.array([self.id_of(content_key(req, int(n))) for n in ns.tolist()], np.int64)
+
+    def items(self):
+        """``(key, id)`` pairs, as a dict's (tests and diagnostics)."""
+        for p, i in zip(self._keys.tolist(), self._vals.tolist()):
+            yield ((p >> self.N_BITS) - 1, p & ((1 << self.N_BITS) - 1)), i
+        yield from self._other.items()
+
+    def _packed_ids(self, packed: np.ndarray) -> np.ndarray:
+        keys, vals = self._keys, self._vals
+        i = np.searchsorted(keys, packed)
+        hit = i < keys.size
+        hit[hit] = keys[i[hit]] == packed[hit]
+        if hit.all():
+            return vals[i]
+        out = np.empty(packed.size, np.int64)
+        out[hit] = vals[i[hit]]
+        miss = ~hit
+        new, first, inv = np.unique(packed[miss], return_index=True, return_inverse=True)
+        # numbered in the order of first appearance, as setdefault would
+        new_ids = np.empty(new.size, np.int64)
+        new_ids[np.argsort(first, kind="stable")] = np.arange(self._next, self._next + new.size, dtype=np.int64)
+        self._next += new.size
+        out[miss] = new_ids[inv.reshape(-1)]
+        at = np.searchsorted(keys, new)
+        self._keys, self._vals = np.insert(keys, at, new), np.insert(vals, at, new_ids)
+        return out
 
 
 class ContentKeys:
@@ -221,7 +301,7 @@ class KVOracle:
         self.ratios = dict(ratios)
         self.incremental = bool(incremental)
         self.content = ContentKeys()                 # (kind, store, unit) -> content key id
-        self._ids: dict[tuple, int] = {}             # content key -> id
+        self._ids = ContentKeyIds()                  # content key -> id
         #: entries x pool layers judged (from the bytes or from what is remembered)
         self.entries_checked = 0
         #: entries x pool layers whose bytes were looked up (the rest were remembered right)
@@ -235,6 +315,7 @@ class KVOracle:
         self._layout_of = {name: lay for name, lay in self.buffers.values()}
         self._table = None                           # the origin table _fields mirrors
         self._fields = tuple(np.zeros(0, np.int64) for _ in range(5))   # owner, layer, unit bytes, kind, version
+        self._field_rows = np.zeros((5, 0), np.int64)  # their storage (_origin_fields)
         self._kinds: dict[str, int] = {}
         # _expected_entries: (request id, role, entries, context) -> (request, key ids), of the
         # reads made for _memo_for (a forward's made_for; shared by every rank's oracle)
@@ -260,19 +341,30 @@ class KVOracle:
 
     def _origin_fields(self, table) -> tuple:
         """Per origin id of ``table`` (the run's ``OriginTable``): owner, layer, unit bytes,
-        a code of its kind and its version (the store that wrote it), as arrays (extended as the table grows: origins are
-        immutable and their ids dense)."""
+        a code of its kind and its version (the store that wrote it), as arrays (extended as
+        the table grows: origins are immutable and their ids dense).
+
+        NOTE: the arrays are views of a (5, capacity) array whose capacity doubles, so a
+        long run extends them in amortised O(new origins), not by copying every origin's
+        fields each time a check sees a few new ones."""
         if table is not self._table:
-            self._table, self._fields = table, tuple(np.zeros(0, np.int64) for _ in range(5))
+            self._table, self._field_rows = table, np.zeros((5, 0), np.int64)
+            self._fields = tuple(np.zeros(0, np.int64) for _ in range(5))
         have = len(self._fields[0])
         n = len(table) if table is not None else 0
         if n > have:
+            rows = self._field_rows
+            if n > rows.shape[1]:
+                grown = np.zeros((5, max(n, 2 * rows.shape[1], 1024)), np.int64)
+                grown[:, :have] = rows[:, :have]
+                rows = self._field_rows = grown
             new = [table[i] for i in range(have, n)]
-            add = (np.array([o.owner for o in new], np.int64), np.array([o.layer for o in new], np.int64),
-                   np.array([o.unit_bytes for o in new], np.int64),
-                   np.array([self._kind_code(o.kind) for o in new], np.int64),
-                   np.array([o.version for o in new], np.int64))
-            self._fields = tuple(np.concatenate([f, x]) for f, x in zip(self._fields, add))
+            rows[0, have:n] = [o.owner for o in new]
+            rows[1, have:n] = [o.layer for o in new]
+            rows[2, have:n] = [o.unit_bytes for o in new]
+            rows[3, have:n] = [self._kind_code(o.kind) for o in new]
+            rows[4, have:n] = [o.version for o in new]
+            self._fields = tuple(rows[k, :n] for k in range(5))
         return self._fields
 
     def _page_tokens(self, role: str) -> int:
@@ -355,11 +447,10 @@ class KVOracle:
             order = np.lexsort((pos, units))
             u_s = units[order]
             last_of = np.flatnonzero(np.append(u_s[1:] != u_s[:-1], True))
-            ids = [self._key_id(content_key(req, last + 1)) for last in pos[order][last_of].tolist()]
-            self.content.file(kind, store, u_s[last_of], np.array(ids, np.int64))
+            self.content.file(kind, store, u_s[last_of], self._ids.ids(req, pos[order][last_of] + 1))
 
     def _key_id(self, key: tuple) -> int:
-        return self._ids.setdefault(key, len(self._ids))
+        return self._ids.id_of(key)
 
     def _expected_entries(self, req, role: str, ne: int, n_ctx: int) -> np.ndarray:
         """:meth:`expected` of ``req``'s entries ``0..ne-1`` of ``role`` (entry ``j`` completed at
@@ -393,8 +484,7 @@ class KVOracle:
         last = np.minimum(p0 + span - 1, n_ctx - 1)
         n = ((last + 1) // r) * r
         uniq, inv = np.unique(n, return_inverse=True)
-        ids = np.array([self._key_id(content_key(req, int(x))) for x in uniq.tolist()], np.int64)
-        return ids[inv]
+        return self._ids.ids(req, uniq)[inv]
 
     def check_read(self, info, obs_read, req, n_ctx: int) -> np.ndarray:
         """For a read (``ReadInfo``) made for ``req`` (``info.entries[req.rid]``, in sequence
