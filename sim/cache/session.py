@@ -465,7 +465,7 @@ class CacheSession:
         return list(self.device_pool.layouts)
 
     def store_kv(self, device_indices, owner: int, *, layers=None, version: int = 1, stream: str = "forward",
-                 sync: bool = True, ranks=None) -> list[str]:
+                 sync: bool = True, ranks=None, roles=None) -> list[str]:
         """The forward pass writes request ``owner``'s KV into ``device_indices``: per device
         buffer of the pool, one ``write`` op of every model layer (``layers``: default all)
         that owns a slice of it (a ``layers`` write; one layer: a ``layer`` write), on
@@ -486,8 +486,9 @@ class CacheSession:
         the tree, so a backup started by that insert reads the written KV.  ``sync=False``
         leaves the backup unordered after these writes (the D2H source race of SGLang
         PR #20611's report).  ``ranks`` (default every simulated rank): the ranks whose
-        buffers are written (each its own write ops, on its own ``stream``).  Returns rank 0's
-        op ids of the writes (the first listed rank's)."""
+        buffers are written (each its own write ops, on its own ``stream``).  ``roles`` (default
+        every buffer): the pool roles written (:attr:`roles`' values; a PD transfer that leaves
+        a pool out).  Returns rank 0's op ids of the writes (the first listed rank's)."""
         self._open()
         self.settle()
         idx = np.asarray(device_indices, dtype=np.int64).reshape(-1)
@@ -496,9 +497,16 @@ class CacheSession:
         dp = self.device_pool
         start = dp.start_layer
         wanted = range(start, start + dp.layer_num) if layers is None else [start + int(x) for x in layers]
+        if roles is not None:
+            unknown = sorted(set(roles) - set(self.roles.values()))
+            if unknown:
+                raise InputError("roles", f"expected pool roles of this device pool {sorted(self.roles.values())}, "
+                                 f"got {unknown}")
         ids = []
         merged = 0
         for name, lay in dp.layouts.items():
+            if roles is not None and dp.role_of(name) not in roles:
+                continue
             ent = dp.entries_of(name, idx)
             units = ent if lay.entries_per_page == 1 else unique_sorted(ent // lay.entries_per_page)
             if units.size == 0:

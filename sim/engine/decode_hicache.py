@@ -138,7 +138,7 @@ class DecodeCacheEngine(DecodeEngine):
     _read_bytes = staticmethod(PrefillEngine._read_bytes)
 
     def __init__(self, steps: DecodeStepModel, *, max_running: int, transfer_gbps: float, bytes_per_token: float,
-                 transfer_latency_us: float, session: CacheSession, hicache: bool, lookup):
+                 transfer_latency_us: float, session: CacheSession, hicache: bool, lookup, transfer_pools=None):
         super().__init__(steps, max_running=max_running, transfer_gbps=transfer_gbps,
                          bytes_per_token=bytes_per_token, transfer_latency_us=transfer_latency_us)
         if session.config.keep != "report":
@@ -152,9 +152,11 @@ class DecodeCacheEngine(DecodeEngine):
         self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
         specs = self.model.pools_for(steps.options)
         self.ratios = {role: specs[role].tokens_per_entry for role in self.buffers}
-        if any(r != 1 for r in self.ratios.values()):
+        if self.hicache and any(r != 1 for r in self.ratios.values()):
             raise InputError("model.family", "expected a model whose decode pools hold one entry per token "
                              f"(decode-side HiCache: dsa-v3.2), got ratios {self.ratios}")
+        # the pool roles the PD transfer lands (None: every one; the hypotheses' transfer_pools)
+        self.transfer_pools = None if transfer_pools is None else frozenset(transfer_pools) & set(self.buffers)
         self.oracle = KVOracle(self.buffers, {n: s.device_pool.kind_of(n) for n, _ in self.buffers.values()},
                                self.ratios)
         self.cache = s.cache
@@ -322,23 +324,28 @@ class DecodeCacheEngine(DecodeEngine):
         self._stores += 1
         return self._stores
 
-    def _store(self, pairs: list[tuple[DecodeReq, np.ndarray, np.ndarray]], stream: str) -> None:
-        """One store (one write per buffer, all its layers) of ``pairs`` = (request, slots,
-        positions), recorded in the KV oracle per request."""
+    # NOTE: which unit holds which request's KV, compressed pools included: the prefill's
+    _record_kv = PrefillEngine._record_kv
+
+    def _store(self, pairs: list[tuple[DecodeReq, np.ndarray, np.ndarray]], stream: str, roles=None) -> None:
+        """One store (one write per buffer of ``roles``, default every one, all its layers) of
+        ``pairs`` = (request, slots, positions), recorded in the KV oracle per request."""
+        if roles is not None and not roles:
+            return
         store = self._next_store()
         slots = np.concatenate([p[1] for p in pairs])
-        self.session.store_kv(slots, owner=pairs[0][0].req.rid, version=store, stream=stream, sync=False)
+        self.session.store_kv(slots, owner=pairs[0][0].req.rid, version=store, stream=stream, sync=False,
+                              roles=roles)
         for d, sl, pos in pairs:
-            entries = {role: self.session.entries_of(name, sl) for role, (name, _) in self.buffers.items()}
-            self.oracle.record_store(d.req, store, entries, {role: pos for role in self.buffers})
+            self._record_kv(d.req, sl, pos, store, roles)
 
     def _land(self, d: DecodeReq) -> None:
         """The PD transfer of ``d`` has ended: its KV ``[decode_prefix_len, input)`` in its
-        delta slots (the host then knows: a sync)."""
+        delta slots, of the pools ``transfer_pools`` names (the host then knows: a sync)."""
         n = d.req.input_len - d.decode_prefix_len
         if n > 0:
             pos = np.arange(d.decode_prefix_len, d.req.input_len, dtype=np.int64)
-            self._store([(d, d.delta[:n], pos)], "schedule")
+            self._store([(d, d.delta[:n], pos)], "schedule", self.transfer_pools)
             self.session.synchronize(stream="schedule")
         d.landed = True
 
@@ -545,7 +552,8 @@ class DecodeCacheEngine(DecodeEngine):
         the PD transfer moved); ``restores_failed`` (requests aborted); ``steps``;
         ``ownership_checks``; ``corrupted_reads`` (as ``EngineResult``'s); ``corrupted_rids``
         (sorted); ``output_tokens_clipped`` (only when non-zero: requests whose output the decode
-        pool capped, :meth:`max_new_tokens`)."""
+        pool capped, :meth:`max_new_tokens`); ``transfer_pools`` (only when the PD transfer
+        leaves a pool out: the roles it sends)."""
         s = self.session
         s.wait_idle()
         if self.hicache:
@@ -566,7 +574,8 @@ class DecodeCacheEngine(DecodeEngine):
             corrupted_reads=t.corrupted, corrupted_rids=sorted(rids),
             # only when the decode pool capped a request's output (so other results are unchanged)
             **({"output_tokens_clipped": self.counts["output_tokens_clipped"]}
-               if self.counts["output_tokens_clipped"] else {}))
+               if self.counts["output_tokens_clipped"] else {}),
+            **({"transfer_pools": sorted(self.transfer_pools)} if self.transfer_pools is not None else {}))
 
 
 def format_decode_side(d: dict | None) -> list[str]:

@@ -420,8 +420,10 @@ class PrefillEngine:
                                    transfer_gbps=profile.h2d_gbps if self.pd else 1.0,
                                    bytes_per_token=kv_bytes_per_token(self.model, self.options) if self.pd else 0.0,
                                    transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
-        if self.pd and sc.hicache.decode:
-            self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise)
+        # the pools the PD transfer sends (None: all); one left out is seen only by decode reads
+        transfer = None if roles <= set(cfg.transfer_pools) else sorted(roles & set(cfg.transfer_pools))
+        if self.pd and (sc.hicache.decode or sc.deployment.decode_bytes or transfer is not None):
+            self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise, transfer)
         self._decoding: dict[int, _Decoding] = {}     # colocated: from prefill's end to release
         self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64), counted
         self._tree_count = np.zeros(0, np.int32)
@@ -1132,11 +1134,13 @@ class PrefillEngine:
         holds."""
         self._record_kv(a.req, slots, len(a.prefix) + a.done + np.arange(len(slots), dtype=np.int64), store)
 
-    def _record_kv(self, req: Request, slots: np.ndarray, pos: np.ndarray, store: int) -> None:
+    def _record_kv(self, req: Request, slots: np.ndarray, pos: np.ndarray, store: int, roles=None) -> None:
         """Tell the KV oracle that store ``store`` wrote, for ``req``, the KV of positions ``pos``
-        of its sequence into ``slots``."""
+        of its sequence into ``slots`` (of the pool roles ``roles``; default every one)."""
         entries, positions = {}, {}
         for role, (name, _) in self.buffers.items():
+            if roles is not None and role not in roles:
+                continue
             r = self.ratios[role]
             ent = self.session.entries_of(name, slots)
             done = (slots + 1) % r == 0
@@ -1563,10 +1567,12 @@ class PrefillEngine:
             requests_retracted=self.counts["retractions"], graph_replays=self.counts["graph_replays"])
 
     def _decode_cache_engine(self, steps, profile, smodel: str, device_tokens: int, switches: dict,
-                             materialise: bool):
-        """PD with ``hicache.decode``: the decode engine at byte level on its own
-        ``CacheSession`` (``sim.engine.decode_hicache``), same pool geometry and HiCache
-        settings as the prefill's, its verdicts streamed (``keep="report"``)."""
+                             materialise: bool, transfer_pools):
+        """PD with ``hicache.decode``, ``deployment.decode_bytes`` or a transfer that leaves a
+        pool out (``transfer_pools``, None: every pool): the decode engine at byte level on its
+        own ``CacheSession`` (``sim.engine.decode_hicache``), same pool geometry and HiCache
+        settings as the prefill's (its tree used only with ``hicache.decode``), its verdicts
+        streamed (``keep="report"``)."""
         from sim.engine.decode_hicache import DecodeCacheEngine
 
         sc, cfg = self.scenario, self.config
@@ -1581,7 +1587,8 @@ class PrefillEngine:
         # the decode side has finished with it
         return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests, transfer_gbps=profile.h2d_gbps,
                                  bytes_per_token=kv_bytes_per_token(self.model, self.options),
-                                 transfer_latency_us=profile.memcpy_latency_us, session=session, hicache=True,
+                                 transfer_latency_us=profile.memcpy_latency_us, session=session,
+                                 hicache=sc.hicache.decode, transfer_pools=transfer_pools,
                                  lookup=lambda rid: self.driver._in_flight[rid])
 
     def _decode_side_result(self) -> dict | None:

@@ -20,6 +20,8 @@ Shipped switches (:func:`hypothesis_names`):
 ``host-freed-during-load``  host slots of an in-flight load may be freed (PR #26728's
                             missing host lock)
 ``index-k-not-backed-up``   index-K never reaches the host pool (SGLang #17085)
+``index-k-not-transferred`` the PD transfer never sends index-K to the decode engine
+                            (SGLang #24878's class)
 ``graph-replay-no-waits``   a prefill batch that loads and fits the captured prefill CUDA
                             graph (8,192 tokens) replays it, and a graph captured with no
                             load in flight holds no waits
@@ -45,6 +47,11 @@ honour (:data:`CONTROLLER_KEYS`):
   free, and reuse, the host slots a running load reads).
 * ``backup_pools``: the pool roles that backups write to the host pool and
   load-backs restore (default: every pool of the model).
+* ``transfer_pools``: the pool roles whose KV the PD transfer moves from the
+  prefill engine into the decode engine's slots (default: every pool of the
+  model).  A configuration that leaves a pool out runs a PD decode engine at
+  byte level (``deployment.decode_bytes``), since only its reads can see what
+  was not sent; colocated, there is no transfer and the key changes nothing.
 * ``graph_replay_max_tokens``: ``0`` (default: a batch that loads runs its
   accessors eagerly, each gated one waiting as the gate map says) or the token
   bound of the captured prefill CUDA graph: a batch that loads (consumer index
@@ -83,7 +90,7 @@ __all__ = ["CONTROLLER_KEYS", "Configuration", "ENTRY_POINT_GROUP", "Hypothesis"
 
 ENTRY_POINT_GROUP = "kvrace.hypotheses"
 
-#: controller key -> (allowed values or a type, default); backup_pools' default is the model's pools
+#: controller key -> (allowed values or a type, default); the pool sets' default is the model's pools
 CONTROLLER_KEYS: Mapping[str, tuple] = MappingProxyType({
     "index_k_partial_pages": (("page_aligned", "dsv4_token"), "page_aligned"),
     "index_k_host_bytes_per_entry": (int, 0),
@@ -91,6 +98,7 @@ CONTROLLER_KEYS: Mapping[str, tuple] = MappingProxyType({
     "host_lock_during_load": (bool, True),
     "backup_pools": (frozenset, None),
     "graph_replay_max_tokens": (int, 0),
+    "transfer_pools": (frozenset, None),
 })
 
 
@@ -108,6 +116,7 @@ class Configuration:
     host_lock_during_load: bool = True
     backup_pools: frozenset = frozenset()
     graph_replay_max_tokens: int = 0
+    transfer_pools: frozenset = frozenset()
     hypotheses: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -116,7 +125,7 @@ class Configuration:
     def __hash__(self):
         return hash((self.model, self.gate_map, tuple(sorted(self.options.items())), self.index_k_partial_pages,
                      self.index_k_host_bytes_per_entry, self.load_fence_stream, self.host_lock_during_load,
-                     self.backup_pools, self.graph_replay_max_tokens, self.hypotheses))
+                     self.backup_pools, self.graph_replay_max_tokens, self.transfer_pools, self.hypotheses))
 
     def __eq__(self, other):
         return isinstance(other, Configuration) and self.to_dict() == other.to_dict()
@@ -140,7 +149,7 @@ class Configuration:
                 "index_k_host_bytes_per_entry": self.index_k_host_bytes_per_entry,
                 "load_fence_stream": self.load_fence_stream, "host_lock_during_load": self.host_lock_during_load,
                 "backup_pools": sorted(self.backup_pools), "graph_replay_max_tokens": self.graph_replay_max_tokens,
-                "hypotheses": list(self.hypotheses)}
+                "transfer_pools": sorted(self.transfer_pools), "hypotheses": list(self.hypotheses)}
 
 
 def configuration(model_name: str = "deepseek-v4-flash", gate_map_name: str | GateMap = "incident-fork",
@@ -164,7 +173,7 @@ def configuration_from_dict(d: Mapping, where: str = "configuration") -> Configu
     values = {}
     for k, (allowed, default) in CONTROLLER_KEYS.items():
         v = d.get(k, default)
-        if k == "backup_pools":
+        if allowed is frozenset:
             v = pools if v is None else v
             require(isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in v),
                     f"{where}.{k}", f"expected a list of pool roles, got {show(v)}")
@@ -216,6 +225,10 @@ def _ungate(config: Configuration, accessors, suffix: str) -> Configuration:
     return config.replace(gate_map=gm.override(changes, name=f"{gm.name}+{suffix}"))
 
 
+def _without_index_k(c: Configuration, pools) -> list[str]:
+    return sorted(r for r in pools if not c.family.pools_for(c.options)[r].index_k)
+
+
 def _ungated_index_k(c: Configuration) -> Configuration:
     return _ungate(c, [a for a, role in ACCESSORS.items() if role == "index_k"], "ungated-index-k")
 
@@ -243,9 +256,11 @@ _SHIPPED = (
                lambda c: c.replace(host_lock_during_load=False), ("host_lock_during_load",),
                "sglang PRs #26728, #34519, #36317"),
     Hypothesis("index-k-not-backed-up", "the indexer buffers never reach the host pool",
-               lambda c: c.replace(backup_pools=sorted(r for r in c.backup_pools
-                                                       if not c.family.pools_for(c.options)[r].index_k)),
-               ("backup_pools",), "sglang #17085"),
+               lambda c: c.replace(backup_pools=_without_index_k(c, c.backup_pools)), ("backup_pools",),
+               "sglang #17085"),
+    Hypothesis("index-k-not-transferred", "the PD transfer never sends the indexer buffers to the decode engine",
+               lambda c: c.replace(transfer_pools=_without_index_k(c, c.transfer_pools)), ("transfer_pools",),
+               "sglang #24878 (DeepSeek V4's indexer state never sent over Mooncake)"),
     # NOTE: 8192 is the token bound SGLang 0.5.14's PrefillCudaGraphRunner falls back to when no
     # capture sizes are given; register a variant for another bound
     Hypothesis("graph-replay-no-waits",

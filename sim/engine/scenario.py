@@ -108,6 +108,10 @@ class DeploymentSection(Section):
     profile: str = opt("rtx-pro-6000", "hardware profile: a shipped name or a TOML path")
     simulated_ranks: int = opt(1, "ranks of the prefill TP group simulated in lockstep (1..prefill_tp; each "
                                   "its own device pool, host pool, streams and link)")
+    decode_bytes: bool = opt(False, "PD: the decode engine at byte level (its pool, the KV the transfer "
+                                    "lands, each step's store and reads, judged as the prefill's) without "
+                                    "decode-side HiCache, as SGLang's default decode server; false: in "
+                                    "simulated time only (hicache.decode = true is byte level either way)")
 
     def check(self, where: str) -> None:
         try:
@@ -118,6 +122,9 @@ class DeploymentSection(Section):
             raise InputError(f"{where}.simulated_ranks", f"expected an integer in 1..{self.prefill_tp} (at most "
                              f"prefill_tp, the ranks of the prefill TP group), got {self.simulated_ranks}")
         if self.mode == "colocated":
+            if self.decode_bytes:
+                raise InputError(f"{where}.decode_bytes", "expected false in colocated mode (one engine, whose "
+                                 "decode steps are byte level already), got true")
             if self.decode_tp != self.prefill_tp:
                 raise InputError(f"{where}.decode_tp", f"expected prefill_tp ({self.prefill_tp}) in colocated "
                                  f"mode (one engine), got {self.decode_tp}")
