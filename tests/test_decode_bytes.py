@@ -62,6 +62,7 @@ def test_index_k_not_transferred_is_wrong_kv_on_the_decode_indexer_only(v4_clean
     assert isinstance(e.decode, DecodeCacheEngine)      # a pool left out brings the decode side to bytes
     d = r.decode
     assert d["transfer_pools"] == ["c128", "c4", "swa"]
+    assert "(pools sent: c128, c4, swa)" in "\n".join(format_decode_side(d))
     assert d["wrong_kv_reads"] > 0 and d["requests_corrupted"] > 0
     # what was not sent is read as KV that is not the request's, not as a race
     assert d["stale_reads"] == d["torn_reads"] == d["latent_races"] == 0

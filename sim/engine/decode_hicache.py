@@ -1,7 +1,10 @@
 """The PD decode engine at byte level: its pools on a second CacheSession, with or without HiCache.
 
 :class:`DecodeCacheEngine` replaces :class:`~sim.engine.decode.DecodeEngine` (simulated time
-only) when ``hicache.decode = true`` in PD mode.  It keeps the same timing model (a step's
+only) in PD mode when ``hicache.decode = true`` (with its tree), ``deployment.decode_bytes =
+true`` (without: SGLang's default decode server, any model family, compressed pools included)
+or the configuration's ``transfer_pools`` leaves a pool out (the transfer lands only those;
+docs/engine.md, "The PD decode side at byte level").  It keeps the same timing model (a step's
 duration is :class:`~sim.engine.decode.DecodeStepModel`'s, a transfer's is
 ``transfer_us``) and adds what the decode engine does to bytes, as SGLang 0.5.14's decode
 server does it (docs/engine.md, "Decode-side HiCache in SGLang 0.5.14"):
@@ -591,7 +594,8 @@ def format_decode_side(d: dict | None) -> list[str]:
         ("  reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn, "
                     f"{d['wrong_kv_reads']} wrong KV; latent races {d['latent_races']}"),
         ("  prefix tokens", f"{d['device_hit_tokens']} on device, {d['host_hit_tokens']} on host; "
-                            f"{d['transfer_tokens']} of {d['input_tokens']} input tokens transferred"),
+                            f"{d['transfer_tokens']} of {d['input_tokens']} input tokens transferred"
+                            + (f" (pools sent: {', '.join(d['transfer_pools'])})" if "transfer_pools" in d else "")),
         ("  load-backs", f"{d['load_backs']} ({d['load_back_tokens']} tokens); backups {d['backups']}; "
                          f"restores failed {d['restores_failed']}"),
     ]
