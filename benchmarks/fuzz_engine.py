@@ -139,6 +139,7 @@ def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str
         ("deployment.simulated_ranks", "0", True), ("deployment.simulated_ranks", "2.5", True),
         ("hicache.prefill", rng.choice(["true", "false", "on", "0"]), False), ("hicache.prefill", "maybe", True),
         ("hicache.decode", rng.choice(["true", "false", "yes", "off"]), False), ("hicache.decode", "2", True),
+        ("deployment.decode_bytes", rng.choice(["true", "false"]), False), ("deployment.decode_bytes", "2", True),
         ("hicache.page_size", rng.choice([str(ps), "1", "16", str(2 * ps)]), False),
         ("hicache.page_size", "0", True),
         ("hicache.ratio", rng.choice(["1", "1.0", "1.5", "2", "4", "1e1"]), False),
@@ -332,7 +333,8 @@ def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
         ptp = rng.choice([1, 2, 4])
         o |= {"deployment.mode": "pd", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
               "deployment.gpus": str(2 * ptp), "hicache.prefill": rng.choice(["true", "true", "false"]),
-              "hicache.decode": rng.choice(["true", "false"]) if dsa else "false"}
+              "hicache.decode": rng.choice(["true", "false"]) if dsa else "false",
+              "deployment.decode_bytes": rng.choice(["true", "false", "false"])}
     else:
         ptp = rng.choice([1, 2, 4, 8])
         h = rng.choice(["true", "true", "false"])
@@ -413,7 +415,8 @@ def draw_evict_case(rng: random.Random, index: int = 0) -> Case:
               "deployment.gpus": str(2 * ptp), "hicache.decode": rng.choice(["true", "true", "false"])}
     elif not dsa and rng.random() < 0.5:
         o |= {"deployment.mode": "pd", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
-              "deployment.gpus": str(2 * ptp), "hicache.decode": "false"}
+              "deployment.gpus": str(2 * ptp), "hicache.decode": "false",
+              "deployment.decode_bytes": rng.choice(["true", "false"])}
     else:
         o |= {"deployment.mode": "colocated", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
               "deployment.gpus": str(ptp), "hicache.decode": "true"}
