@@ -101,3 +101,27 @@ def test_transfer_pools_validated_and_the_default_is_every_pool():
     with pytest.raises(InputError) as e:
         configuration("dsa-v3.2", transfer_pools=["c4"])
     assert e.value.where == "configuration.transfer_pools" and "latent" in e.value.message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, sets", [
+    ("incident-short", ["run.layers=3", "workload.concurrency=2", "model.index_k_dtype=bf16", "hicache.prefill=false",
+                        "scheduler.max_total_tokens=8192", "hicache.layout=page_first_direct", "run.seed=7"]),
+    ("incident-short", ["run.layers=4", "workload.concurrency=4", "model.index_k_dtype=bf16",
+                        "scheduler.max_total_tokens=16384", "scheduler.overlap=true", "scheduler.event_loop=overlap",
+                        "deployment.simulated_ranks=2", "run.seed=3"]),
+    ("glm5-22811-small", [*DSA[:-2], "workload.output_tokens_max=32", "workload.sessions=6", "hicache.decode=false",
+                          "variant.gate_map=upstream-0.5.11", "scheduler.max_total_tokens=3072",
+                          "hicache.layout=layer_first", "run.seed=11"]),
+])
+def test_decode_bytes_without_a_hypothesis_is_clean_and_frees_every_slot(name, sets):
+    """Without a hypothesis nothing the decode side reads is wrong: no race (a request joins
+    after its transfer landed, a step waits for nothing in flight), no KV that is not the
+    request's (compressed pools included), and every slot comes back."""
+    e, r = run(name, *sets, "run.duration_s=1", "deployment.decode_bytes=true")
+    d = r.decode
+    assert d["requests"] > 0 and d["steps"] > 0 and r.requests_completed == r.requests_total
+    assert d["requests_corrupted"] == d["stale_reads"] == d["torn_reads"] == d["wrong_kv_reads"] == 0
+    assert d["latent_races"] == d["oob_writes"] == 0 and r.requests_corrupted == 0
+    s = e.decode.session
+    assert s.allocator.available_size() == s.allocator.size_full
