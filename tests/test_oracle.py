@@ -81,6 +81,21 @@ def test_remembered_expected_keys_equal_a_fresh_lookup():
                     assert np.array_equal(got, want) and not got.flags.writeable
 
 
+def test_expected_entries_number_new_keys_as_expected_does():
+    """Asked first, ``_expected_entries`` (keys per unit, repeated) gives the same ids as
+    :meth:`KVOracle.expected` on a fresh oracle: the same keys, numbered in the same order."""
+    lay = PagedLayout("c4", 1, 8, 64 * 16, 64)
+    calls = [(req(3, s0=300, rid=1), 250, 1002), (req(4, s0=300, rid=2), 10, 41), (req(3, n=9000, s0=300, rid=3), 700, 2801),
+             (req(5, s0=0, rid=4), 129, 517)]
+    a = KVOracle({"c4": ("c4buf", lay)}, {"c4buf": "c4"}, {"c4": 4})
+    b = KVOracle({"c4": ("c4buf", lay)}, {"c4buf": "c4"}, {"c4": 4})
+    for r, ne, n_ctx in calls:
+        got = a._expected_entries(r, "c4", ne, n_ctx)
+        want = b.expected(r, "c4", np.arange(ne, dtype=np.int64) * 4 + 3, n_ctx)
+        assert got.tolist() == want.tolist()
+    assert dict(a._ids.items()) == dict(b._ids.items())
+
+
 @pytest.fixture(scope="module")
 def dsa_runs():
     out = {}

@@ -469,8 +469,15 @@ class KVOracle:
         got = memo.get(mk)
         if got is not None and got[0] is req:
             return got[1]
+        # NOTE: the key is one per unit (page): entry j lies in unit j // entries_per_unit, so
+        # the keys are computed per unit and repeated, :meth:`expected`'s values (the same ids,
+        # numbered in the same order: the units' prefix lengths do not decrease) without
+        # sorting every entry's (a decode step asks again for every running request)
         r = self.ratios[role]
-        w = self.expected(req, role, np.arange(ne, dtype=np.int64) * r + (r - 1), n_ctx)
+        epu = self.buffers[role][1].entries_per_unit
+        span = epu * r
+        last = np.minimum(np.arange(-(-ne // epu), dtype=np.int64) * span + (span - 1), n_ctx - 1)
+        w = np.repeat(self._ids.ids(req, ((last + 1) // r) * r), epu)[:ne]
         w.setflags(write=False)
         memo[mk] = (req, w)
         return w
