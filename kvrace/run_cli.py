@@ -63,7 +63,10 @@ def format_run(d: dict) -> str:
                      + (f", {d['requests_aborted']} aborted: {d['aborted_requests'][0]['reason']}"
                         if d.get("requests_aborted") else "") + ")"),
         ("corrupted requests", f"{d['requests_corrupted']} ({100 * d['corrupted_fraction']:.1f} %): "
-                               f"{d['requests_raced']} raced, {d['requests_wrong_kv']} read KV not theirs"),
+                               f"{d['requests_raced']} raced, {d['requests_wrong_kv']} read KV not theirs"
+                               # the byte-level decode side's own count is in its rows below
+                               + (f" on prefill; {d['decode']['requests_corrupted']} on the decode side"
+                                  if d.get("decode") else "")),
         ("reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn"),
         ("latent races", f"{d['latent_races']}" + (f"  {d['latent_races_by_buffer']}" if d['latent_races'] else "")),
         ("out-of-bounds writes", f"{d['oob_writes']}"),

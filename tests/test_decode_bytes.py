@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from kvrace.run_cli import format_run
 from sim.engine.decode_hicache import DecodeCacheEngine, format_decode_side
 from sim.engine.engine import PrefillEngine
 from sim.engine.hypotheses import configuration, hypothesis
@@ -63,6 +64,9 @@ def test_index_k_not_transferred_is_wrong_kv_on_the_decode_indexer_only(v4_clean
     d = r.decode
     assert d["transfer_pools"] == ["c128", "c4", "swa"]
     assert "(pools sent: c128, c4, swa)" in "\n".join(format_decode_side(d))
+    # the run's summary says where its corrupted requests were
+    assert (f"0 raced, 0 read KV not theirs on prefill; {d['requests_corrupted']} on the decode side"
+            in format_run(r.to_dict()))
     assert d["wrong_kv_reads"] > 0 and d["requests_corrupted"] > 0
     # what was not sent is read as KV that is not the request's, not as a race
     assert d["stale_reads"] == d["torn_reads"] == d["latent_races"] == 0
