@@ -192,6 +192,18 @@ def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path],
     return paths, skipped
 
 
+def _nothing_to_export(d: dict) -> str:
+    """Why ``--export-races`` wrote no window for the run ``d`` (``EngineResult.to_dict()``)."""
+    why = ["no stale or torn read on the prefill side"]
+    if d["wrong_kv_reads"]:
+        why.append(f"its {d['wrong_kv_reads']} wrong-KV reads are wrong in every order, so they have no race window")
+    dec = d.get("decode")
+    if dec and dec["requests_corrupted"]:
+        why.append(f"the decode side's {len(dec['corrupted_reads'])} corrupted reads are not exported "
+                   "(--export-races covers the prefill session)")
+    return "; ".join(why)
+
+
 def _run(args) -> int:
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
@@ -229,6 +241,8 @@ def _run(args) -> int:
             print(f"exported: {p}  (kvrace schedule run {p}; kvrace replay {p})")
         for s in doc.get("exported_races_skipped", []):
             print(f"not exported: {s['op']} ({s['reason']})")
+        if args.export_races and not doc["exported_races"] and "exported_races_skipped" not in doc:
+            print(f"nothing exported: {_nothing_to_export(d)}")
     kinds = {"corrupt": d["requests_corrupted"], "race": d["latent_races"], "oob": d["oob_writes"]}
     return 1 if any(kinds[k] for k in args.fail_on) else 0
 

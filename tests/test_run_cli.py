@@ -170,3 +170,19 @@ def test_a_window_too_large_to_cut_is_skipped_and_named(tmp_path, monkeypatch, c
     assert [Path(p).name.split("_", 2)[-1][:-len(".json")] for p in doc["exported_races"]] == raced[1:3]
     out = capsys.readouterr().out
     assert f"not exported: {raced[0]}" in out
+
+
+def test_export_races_says_why_nothing_was_exported(tmp_path, capsys):
+    """A run whose corrupted reads are wrong KV (no race window) or the decode side's writes no
+    window and says so, instead of nothing."""
+    rc = main(["run", "incident-repro", "--set", "run.duration_s=1", "--progress", "never", "--export-races",
+               str(tmp_path / "a")])
+    out = capsys.readouterr().out
+    assert rc == 0 and not list((tmp_path / "a").iterdir())
+    assert "nothing exported: no stale or torn read on the prefill side; its " in out
+    assert "wrong-KV reads are wrong in every order" in out and "decode side" not in out.splitlines()[-1]
+    main(["run", "incident-short", "--set", "run.layers=4", "--set", "run.duration_s=0.2", "--progress", "never",
+          "--set", "variant.hypotheses=index-k-not-transferred", "--export-races", str(tmp_path / "b")])
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("nothing exported: no stale or torn read on the prefill side; the decode side's ")
+    assert last.endswith("corrupted reads are not exported (--export-races covers the prefill session)")
