@@ -122,6 +122,13 @@ def dfs_weight_order(root, last_nodes: list) -> list:
     return out
 
 
+def _left_out(roles: set, chosen) -> list[str] | None:
+    """A configuration's pool set (``backup_pools``, ``transfer_pools``) as the session and the
+    decode side take it: None when it names every pool role in ``roles``, else its roles there,
+    sorted."""
+    return None if roles <= set(chosen) else sorted(roles & set(chosen))
+
+
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """Tokens ``a`` and ``b`` share from the start (what a page-1 radix tree holding ``b`` matches of ``a``)."""
     n = min(len(a), len(b))
@@ -388,10 +395,9 @@ class PrefillEngine:
         tokens_ = sc.scheduler.max_total_tokens if device_tokens is None else device_tokens
         smodel = SESSION_MODELS[fam.name]
         # the hypotheses' controller switches (sim.engine.hypotheses.CONTROLLER_KEYS) go to the
-        # session as they are; backup_pools None = every pool the (possibly cut) model has
+        # session as they are; a pool set naming every pool of the model is None (all)
         roles = set(MODEL_ROLES[smodel])
-        backup = None if cfg.backup_pools is None or roles <= set(cfg.backup_pools) else sorted(cfg.backup_pools)
-        switches = dict(backup_pools=backup, host_lock_during_load=cfg.host_lock_during_load)
+        switches = dict(backup_pools=_left_out(roles, cfg.backup_pools), host_lock_during_load=cfg.host_lock_during_load)
         if cfg.index_k_host_bytes_per_entry != CONTROLLER_KEYS["index_k_host_bytes_per_entry"][1]:
             switches["index_k_host_bytes_per_entry"] = cfg.index_k_host_bytes_per_entry
         if smodel == "deepseek-v4":
@@ -421,7 +427,7 @@ class PrefillEngine:
                                    bytes_per_token=kv_bytes_per_token(self.model, self.options) if self.pd else 0.0,
                                    transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
         # the pools the PD transfer sends (None: all); one left out is seen only by decode reads
-        transfer = None if roles <= set(cfg.transfer_pools) else sorted(roles & set(cfg.transfer_pools))
+        transfer = _left_out(roles, cfg.transfer_pools)
         if self.pd and (sc.hicache.decode or sc.deployment.decode_bytes or transfer is not None):
             self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise, transfer)
         self._decoding: dict[int, _Decoding] = {}     # colocated: from prefill's end to release
