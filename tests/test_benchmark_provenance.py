@@ -26,7 +26,6 @@ def test_admission_timeline_prints_a_row_per_interval(capsys, monkeypatch):
     assert all(int(r[9]) >= 0 and int(r[10]) >= 0 for r in rows)
 
 
-
 def test_profile_engine_warm_profiles_only_the_stretch_after_it(capsys, monkeypatch):
     """benchmarks/profile_engine.py --warm (BENCHMARKS.md's twenty-fourth session cites it): the
     stats cover the batches after the warm-up, not the warm-up's."""
