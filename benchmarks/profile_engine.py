@@ -1,6 +1,7 @@
 """Where the streaming engine's CPU time goes: cProfile of one `kvrace run`, grouped by part.
 
     python benchmarks/profile_engine.py [SCENARIO] [--set key=value]... [--duration S] [--warm W] [--top N]
+                                        [--dump PATH]
 
 Runs ``SCENARIO`` (default ``incident``) with ``run.duration_s = S`` (default 3) through the
 streaming engine (``keep="report"``) under cProfile (``--warm W``: the first ``W`` simulated
@@ -9,7 +10,7 @@ seconds unprofiled, so a late stretch of a long run is profiled alone: the late 
 and prints the CPU seconds (``process_time``,
 profiler included), then the cumulative time of each part of the hot path, with its share of the
 profiled total (CPU time: the profiler's clock is ``process_time``) and the file that owns it,
-then the top ``N`` functions by own time.  The parts
+then the top ``N`` functions by own time (``--dump PATH``: the whole profile, for ``pstats``).  The parts
 overlap where one calls another (a write's race tracking happens inside the op's issue), so
 the shares do not add up to 100 %; each says what removing that part would save at most.
 A part is the cumulative time of one function, the largest of that name in its file.
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warm", type=float, default=0.0,
                     help="simulated seconds run before the profiler starts (default 0)")
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--dump", metavar="PATH", help="also write the profile to PATH (pstats format)")
     a = ap.parse_args(argv)
     from sim.engine.engine import PrefillEngine
     from sim.engine.scenario import load_scenario
@@ -84,6 +86,8 @@ def main(argv=None) -> int:
         cum = max([v[3] for (f, _, name), v in st.stats.items() if f.endswith(suffix) and name == fn], default=0.0)
         print(f"{label:<66} {cum:7.2f} {cum / total:6.1%}  {owner}")
     st.sort_stats("tottime").print_stats(a.top)
+    if a.dump:
+        st.dump_stats(a.dump)
     return 0
 
 
