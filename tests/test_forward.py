@@ -16,7 +16,7 @@ from sim.engine.forward import (BatchRequest, ForwardBatch, can_advance_in_one_s
                                 entry_bytes,
                                 indexer_topk, issue_forward, read_ranges, stand_in_scores, topk_verdict)
 from sim.engine.gates import gate_map
-from sim.engine.models import model, resolve_options
+from sim.engine.models import PoolSpec, model, resolve_options
 from sim.errors import InputError
 from sim.executor import run_programs, run_reference
 from sim.pools.layouts import host_mirror, layout_to_json
@@ -262,6 +262,32 @@ def test_bad_buffers_and_slots_are_refused_naming_the_key():
     over = ForwardBatch("decode", (BatchRequest(1, {"c128": np.array([0, 4])}, 1, 300),))
     with pytest.raises(InputError, match=r"requests\[0\]\.slots\.c128"):
         issue_forward(RecordingHost(), "forward", over, buffers=buffers, **kw)
+
+
+def test_v4_reads_the_swa_window_only_and_every_compressed_entry():
+    """SGLang's V4 backend gives each query token the ``SWA_WINDOW`` (128) positions ending
+    at it, so an extend of 10 tokens after 490 reads SWA entries 363..499 (10 + 127) and a
+    decode step the last 128; the compressed pools are read whole, and a context shorter than
+    the window is read whole."""
+    fam = model("deepseek-v4-flash")
+    pools = fam.pools_for(resolve_options(None))
+    assert fam.dims.window == 128 and pools["swa"].windowed and not pools["c4"].windowed
+    buffers = {role: (f"dev_{role}", pools[role].layout(1200)) for role in ("swa", "c4")}
+    swa = np.arange(600, 1100, dtype=np.int64)            # the request's 500 tokens' SWA slots
+    c4 = np.arange(125, dtype=np.int64)
+    for mode, new, first in (("extend", 10, 363), ("decode", 1, 372), ("extend", 500, 0)):
+        b = ForwardBatch(mode, (BatchRequest(7, {"swa": swa, "c4": c4}, new, 500),))
+        issue = issue_forward(RecordingHost(), "forward", b, model=fam, gate_map=gate_map("upstream-0.5.11"),
+                              buffers=buffers, cost=COST)
+        for r in issue.reads:
+            lay = buffers[r.role][1]
+            want, want_first = (swa[first:], first) if r.role == "swa" else (c4, 0)
+            assert r.entries[7].tolist() == want.tolist(), (mode, r.op_id)
+            assert r.first.get(7, 0) == want_first and (7 in r.first) == (want_first > 0)
+            starts, lens = read_ranges(lay, r.pool_layers[0], want)
+            assert r.starts.tolist() == starts.tolist() and r.lengths.tolist() == lens.tolist()
+    with pytest.raises(InputError, match="tokens_per_entry 1"):
+        PoolSpec("c4", (0,), 37440, 64, 4, windowed=True)
 
 
 def test_reads_cover_exactly_the_field_bytes_of_the_slots():

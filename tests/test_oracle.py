@@ -96,6 +96,22 @@ def test_expected_entries_number_new_keys_as_expected_does():
     assert dict(a._ids.items()) == dict(b._ids.items())
 
 
+@pytest.mark.parametrize("ratio, epu", [(1, 256), (4, 64)])
+def test_expected_entries_from_a_later_first_entry_equal_expected(ratio, epu):
+    """A read from entry ``first`` on (a sliding window's: ``ReadInfo.first``): its keys are
+    :meth:`KVOracle.expected` of the entries ``first..first+ne-1``, whatever page ``first``
+    falls in."""
+    lay = PagedLayout("p", 1, 40, epu * 16, epu)
+    o = KVOracle({"p": ("pbuf", lay)}, {"pbuf": "kv"}, {"p": ratio})
+    r = req(3, n=9000, s0=300)
+    for first, ne, n_ctx in ((0, 10, 41), (100, 137, 237 * ratio), (255, 2, 257 * ratio), (256, 300, 556 * ratio),
+                             (873, 137, 1010 * ratio + ratio - 1), (5, 1, 6 * ratio)):
+        want = o.expected(r, "p", (first + np.arange(ne, dtype=np.int64)) * ratio + ratio - 1, n_ctx)
+        got = o._expected_entries(r, "p", ne, n_ctx, first)
+        assert got.tolist() == want.tolist() and len(got) == ne
+        assert o._expected_entries(r, "p", ne, n_ctx, first) is got          # remembered
+
+
 @pytest.fixture(scope="module")
 def dsa_runs():
     out = {}

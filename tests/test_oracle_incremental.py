@@ -205,7 +205,9 @@ write_op = st.tuples(st.just("write"), st.integers(0, 2), st.integers(0, 3), st.
                      st.sampled_from(["right"] * 4 + ["shifted", "partial", "layer", "kind", "unit", "none"]),
                      st.integers(1, 40))
 read_op = st.tuples(st.just("read"), st.lists(st.integers(0, 2), min_size=1, max_size=3, unique=True),
-                    st.one_of(st.sampled_from([4, 8, 12, 16]), st.integers(1, 16)), st.lists(st.integers(0, LAYERS - 1), min_size=1, max_size=2, unique=True))
+                    st.one_of(st.sampled_from([4, 8, 12, 16]), st.integers(1, 16)),
+                    st.lists(st.integers(0, LAYERS - 1), min_size=1, max_size=2, unique=True),
+                    st.one_of(st.just(0), st.integers(0, 15)))
 
 
 @settings(max_examples=60, deadline=None)
@@ -214,7 +216,8 @@ read_op = st.tuples(st.just("read"), st.lists(st.integers(0, 2), min_size=1, max
 def test_incremental_oracle_equals_the_full_check_on_a_random_history(ops, first):
     """Stores that write the right KV, pages written shifted (misaligned in their unit), in
     part, at the wrong layer, of another kind or unit size, no owner; reads of 1..16 tokens of
-    up to three requests (shared pages, partial pages, several pool layers): every read's
+    up to three requests (shared pages, partial pages, several pool layers), from the first
+    entry or from a later one (a sliding window's read: ``ReadInfo.first``): every read's
     verdict, incremental and full, must agree, with the incremental oracle's memory kept from
     read to read (and told of every write)."""
     table = OriginTable()
@@ -244,11 +247,12 @@ def test_incremental_oracle_equals_the_full_check_on_a_random_history(ops, first
             buf.fill(np.array([dst]), np.array([n]), origin, np.array([so]))
             inc.written("b", np.array([dst]), np.array([n]))
             continue
-        _, rids, n_ctx, pls = op
-        entries = {rid: np.array([PERM[rid][t // EPU] * EPU + t % EPU for t in range(n_ctx)], np.int64)
+        _, rids, n_ctx, pls, skip = op
+        skip = min(skip, n_ctx - 1)
+        entries = {rid: np.array([PERM[rid][t // EPU] * EPU + t % EPU for t in range(skip, n_ctx)], np.int64)
                    for rid in rids}
         info = ReadInfo(f"r{k}", 0, "x", "r", "b", tuple(pls), False, np.zeros(0, np.int64),
-                        np.zeros(0, np.int64), entries)
+                        np.zeros(0, np.int64), entries, {rid: skip for rid in rids} if skip else {})
         made_for = {rid: (REQS[rid], n_ctx) for rid in rids}
         a = inc.check_reads(info, None, made_for, buf)
         b = full.check_reads(info, None, made_for, buf)

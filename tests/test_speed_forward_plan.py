@@ -26,7 +26,9 @@ WORD = st.integers(-(1 << 63), (1 << 63) - 1)
 def _plan_per_layer(model, gate_map, options, batch, pools, buffers, cost, tp, key):
     """The per-layer planning ``_plan`` replaced: every step costed and jittered on its own."""
     plan = []
-    entries = {role: _entries(batch, role) for role in buffers}
+    entries, firsts = {}, {}
+    for role in buffers:
+        entries[role], firsts[role] = _entries(batch, pools[role], model.dims.window)
     base = {}
     for role, ent in entries.items():
         if ent:
@@ -44,7 +46,7 @@ def _plan_per_layer(model, gate_map, options, batch, pools, buffers, cost, tp, k
                 pl = pools[role].pool_layer(layer)
                 starts0, lens = base[role]
                 reads.append((role, pl, starts0 + np.int64(pl) * np.int64(buffers[role][1].layer_bytes), lens,
-                              entries[role]))
+                              entries[role], firsts[role]))
                 kv += int(lens.sum())
             us = 0.0
             if step.compute:
@@ -119,3 +121,4 @@ def test_the_plan_equals_the_per_layer_plan(args):
             for a, b in zip(fr, sr):
                 assert a[:2] == b[:2] and np.array_equal(a[2], b[2]) and np.array_equal(a[3], b[3])
                 assert a[4].keys() == b[4].keys() and all(np.array_equal(a[4][k], b[4][k]) for k in a[4])
+                assert a[5] == b[5]

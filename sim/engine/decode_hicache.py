@@ -154,6 +154,7 @@ class DecodeCacheEngine(DecodeEngine):
         self.model = steps.model
         self.buffers = {s.device_pool.role_of(name): (name, lay) for name, lay in s.device_pool.layouts.items()}
         specs = self.model.pools_for(steps.options)
+        self.pools = {role: specs[role] for role in self.buffers}
         self.ratios = {role: specs[role].tokens_per_entry for role in self.buffers}
         if self.hicache and any(r != 1 for r in self.ratios.values()):
             raise InputError("model.family", "expected a model whose decode pools hold one entry per token "
@@ -461,11 +462,16 @@ class DecodeCacheEngine(DecodeEngine):
         self._store(pairs, "forward")
         made_for = {}
         entries = {role: {} for role in self.buffers}
+        firsts = {role: {} for role in self.buffers}
+        window = self.model.dims.window
         for d in ds:
             slots = d.sequence_slots()[:d.context + 1]
             made_for[d.req.rid] = (d.req, d.context + 1)
             for role, (name, _) in self.buffers.items():
-                entries[role][d.req.rid] = s.entries_of(name, slots)
+                ent, first = self.pools[role].read_entries(s.entries_of(name, slots), 1, window)
+                entries[role][d.req.rid] = ent
+                if first:
+                    firsts[role][d.req.rid] = first
         for role, (name, lay) in self.buffers.items():
             ent = entries[role]
             allent = unique_sorted(np.concatenate(list(ent.values())))
@@ -474,8 +480,8 @@ class DecodeCacheEngine(DecodeEngine):
             starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
                                     np.concatenate([ln0] * len(pls)))
             op_id = f"dec{k}.all.{role}"
-            self.read_rids[op_id] = (ReadInfo(op_id, -1, "*", role, name, pls, False, starts, lens, ent), -1,
-                                     made_for, 0)
+            self.read_rids[op_id] = (ReadInfo(op_id, -1, "*", role, name, pls, False, starts, lens, ent,
+                                              firsts[role]), -1, made_for, 0)
             self.counts["reads"] += 1
             s.host.issue({"op": "read", "stream": "forward", "buffer": name, "id": op_id,
                           "ranges": np.stack([starts, lens], axis=1).tolist()})

@@ -13,7 +13,9 @@ sections 1.2 steps 6-7 and 6): for each layer, for each step of the layer
    issued: ``wait_until`` returns at once;
 2. one ``read`` per pool role the step reads: exactly the bytes of that layer
    the kernel reads for the batch's slots (every field extent of every entry,
-   coalesced into ``ranges`` so an 80k-token read is a handful of extents);
+   coalesced into ``ranges`` so an 80k-token read is a handful of extents; a
+   sliding-window pool only the window before the query tokens:
+   ``PoolSpec.read_entries``);
 3. the step's ``compute`` op, and after the layer's steps the layer's ``ffn``,
    with durations from the cost model (:mod:`sim.engine.cost`).
 
@@ -84,7 +86,10 @@ class ForwardBatch:
 class ReadInfo:
     """One issued read: its op id, model layer (-1: every layer, one-step mode), the step's
     reader, pool role and buffer, pool layers covered, whether a wait on this layer's event
-    preceded it in this forward, and the entries read per request (for top-k)."""
+    preceded it in this forward, and the entries read per request (for top-k and the KV
+    oracle), in sequence order; ``first[rid]``: the sequence index of request ``rid``'s first
+    entry read (0 when absent: a read from the first entry on; a windowed pool's read starts
+    later, ``PoolSpec.read_entries``)."""
 
     op_id: str
     layer: int
@@ -96,6 +101,7 @@ class ReadInfo:
     starts: np.ndarray
     lengths: np.ndarray
     entries: dict[int, np.ndarray]
+    first: dict[int, int] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
@@ -191,17 +197,22 @@ def _check_batch(batch: ForwardBatch, model: ModelFamily, layer_events) -> None:
                 f"{None if layer_events is None else len(layer_events)}")
 
 
-def _entries(batch: ForwardBatch, role: str) -> dict[int, np.ndarray]:
-    out = {}
+def _entries(batch: ForwardBatch, pool, window: int) -> tuple[dict[int, np.ndarray], dict[int, int]]:
+    """The entries of ``pool`` the batch's kernels read per request, and the sequence index
+    of each request's first one where it is not 0 (``PoolSpec.read_entries``)."""
+    out, first = {}, {}
     for r in batch.requests:
-        s = r.slots.get(role)
+        s = r.slots.get(pool.role)
         if s is not None and len(s):
-            out[r.rid] = np.asarray(s, np.int64)
-    return out
+            ent, f = pool.read_entries(np.asarray(s, np.int64), r.new_tokens, window)
+            out[r.rid] = ent
+            if f:
+                first[r.rid] = f
+    return out, first
 
 
 def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
-    """Per layer: [(step, gated, [(role, pool_layer, starts, lengths, entries)], compute_us)], ffn_us.
+    """Per layer: [(step, gated, [(role, pool_layer, starts, lengths, entries, first)], compute_us)], ffn_us.
 
     The durations are ``cost.duration_us(step_cost(...), (*key, layer, step))`` of each layer's
     steps (the ffn's step ``1 << 20``), the same floats: a step's cost depends on its layer
@@ -210,7 +221,9 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
     drawn together (``CostModel.durations_us``).  ``tests/test_speed_forward_plan.py``
     compares them with the per-layer calls on random batches."""
     plan = []
-    entries = {role: _entries(batch, role) for role in buffers}
+    entries, firsts = {}, {}
+    for role in buffers:
+        entries[role], firsts[role] = _entries(batch, pools[role], model.dims.window)
     # NOTE: a device layout is layer-major, so the extents of one set of entries in pool layer k
     # are those of pool layer 0 shifted by k * layer_bytes: computed once per role
     base: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -245,7 +258,7 @@ def _plan(model, gate_map, options, batch, pools, buffers, cost, tp, key):
                 pl = pools[role].pool_layer(layer)
                 starts0, lens = base[role]
                 starts = starts0 + np.int64(pl) * np.int64(buffers[role][1].layer_bytes)
-                reads.append((role, pl, starts, lens, entries[role]))
+                reads.append((role, pl, starts, lens, entries[role], firsts[role]))
                 kv += kv_bytes[role]
             if step.compute:
                 ratio = max((pools[r].tokens_per_entry for r in step.roles if r in pools), default=1)
@@ -319,13 +332,14 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
     out = ForwardIssue(one_step=one_step, consumer_index=batch.consumer_index)
     consumer = batch.consumer_index
 
-    def read(op_id, layer, reader, role, pls, waited, starts, lens, ent):
+    def read(op_id, layer, reader, role, pls, waited, starts, lens, ent, first):
         # NOTE: ranges as an (n, 2) array (a host program may; a recorded schedule lists it): a
         # context's read is thousands of pairs, and the list form cost 3-4 % of a long run
         host.issue({"op": "read", "stream": stream, "buffer": buffers[role][0], "id": op_id,
                     "ranges": np.stack([starts, lens], axis=1)})
         out.ops.append(("read", op_id, layer))
-        out.reads.append(ReadInfo(op_id, layer, reader, role, buffers[role][0], pls, waited, starts, lens, ent))
+        out.reads.append(ReadInfo(op_id, layer, reader, role, buffers[role][0], pls, waited, starts, lens, ent,
+                                  first))
 
     def compute(op_id, layer, us, extra_us=0.0):
         # jitter: false: ``cost`` already applied its keyed jitter (the executor would draw again)
@@ -338,14 +352,14 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
         total = 0.0
         for layer, (steps, ffn) in enumerate(plan):
             for step, _g, reads, us in steps:
-                for role, pl, starts, lens, ent in reads:
-                    per_role.setdefault(role, []).append((pl, starts, lens, ent))
+                for role, pl, starts, lens, ent, first in reads:
+                    per_role.setdefault(role, []).append((pl, starts, lens, ent, first))
                 total += us
             total += ffn
         for role, parts in per_role.items():
             starts, lens = coalesce(np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts]))
-            ent = parts[0][3]
-            read(f"{tag}.all.{role}", -1, "*", role, tuple(p[0] for p in parts), False, starts, lens, ent)
+            read(f"{tag}.all.{role}", -1, "*", role, tuple(p[0] for p in parts), False, starts, lens, parts[0][3],
+                 parts[0][4])
         # NOTE: every read kernel costs the profile's kernel_launch_us before it touches bytes; the
         # launches of the per-layer reads merged away are added to the compute, so the forward ends
         # at the same time in both modes (launch skew, when the profile has one, is not replayed)
@@ -363,9 +377,9 @@ def issue_forward(host, stream: str, batch: ForwardBatch, *, model: ModelFamily,
                 host.issue({"op": "wait", "stream": stream, "event": layer_events[layer], "id": wid})
                 out.ops.append(("wait", wid, layer))
                 waited = True
-            for role, pl, starts, lens, ent in reads:
+            for role, pl, starts, lens, ent, first in reads:
                 read(f"{tag}.L{layer}.{step.reader}.{role}", layer, step.reader, role, (pl,), waited,
-                     starts, lens, ent)
+                     starts, lens, ent, first)
             if step.compute:
                 compute(f"{tag}.L{layer}.{step.reader}.{step.compute}", layer, us)
         compute(f"{tag}.L{layer}.ffn", layer, ffn)

@@ -28,6 +28,8 @@ Shipped families (:data:`MODELS`):
   entry).  Order in a C4 layer (0.5.14 ``deepseek_v4.py``, single-stream
   path): indexer compressor state, index-K read and top-k; the attention
   compressor state; then the core attention reads SWA and the C4 latent.
+  SWA is read in its window only: each query token attends to the 128 tokens ending
+  at it (``PoolSpec.read_entries``).
 
 Options (:data:`MODEL_OPTIONS`) pick between real code paths:
 ``index_k_dtype`` (fp8 upstream, bf16 in the fork), ``index_k_store`` (DSA:
@@ -41,6 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
+
+import numpy as np
 
 from sim.errors import InputError, require, show
 from sim.pools.layouts import PagedLayout, bf16_index_k, c4_indexer, c128_paged, c4_paged, dsa_index_k, \
@@ -92,7 +96,9 @@ class Step:
 class PoolSpec:
     """A device KV pool: its role, which model layers own a slice of it (pool layer
     ``k`` is model layer ``layers[k]``), and its page geometry.  ``tokens_per_entry`` is
-    the compression ratio (raw tokens per stored entry)."""
+    the compression ratio (raw tokens per stored entry).  ``windowed``: the sliding-window
+    pool, whose kernels read only the model's window (``ModelDims.window``) before each query
+    token (:meth:`read_entries`); its entries are raw tokens."""
 
     role: str
     layers: tuple[int, ...]
@@ -100,6 +106,28 @@ class PoolSpec:
     entries_per_page: int
     tokens_per_entry: int
     index_k: bool = False
+    windowed: bool = False
+
+    def __post_init__(self):
+        if self.windowed and self.tokens_per_entry != 1:
+            raise InputError(f"pool {self.role}", f"a windowed pool holds one entry per token: expected "
+                             f"tokens_per_entry 1, got {self.tokens_per_entry}")
+
+    def read_entries(self, entries: np.ndarray, new_tokens: int, window: int) -> tuple[np.ndarray, int]:
+        """What a forward's kernels read of this pool for one request: of ``entries`` (the
+        request's entries of this pool in sequence order, every one its context has), those
+        read for ``new_tokens`` query tokens, and the sequence index of the first of them.
+
+        A windowed pool (``window > 0``): query token ``q`` reads tokens ``q - window + 1 ..
+        q`` (SGLang's DeepSeek V4 backend: ``get_swa_page_indices`` gives each query
+        ``SWA_WINDOW`` positions ending at it, ``swa_topk_lengths = min(seq_len, SWA_WINDOW)``),
+        so the queries of an extend or a decode step read the last ``new_tokens + window - 1``
+        entries.  Any other pool: every entry, from 0."""
+        if not self.windowed or window <= 0:
+            return entries, 0
+        keep = min(len(entries), new_tokens + window - 1)
+        first = len(entries) - keep
+        return (entries[first:] if first else entries), first
 
     @property
     def bytes_per_token(self) -> float:
@@ -253,7 +281,7 @@ V4_FLASH = ModelFamily(
     layer_kinds=_V4_KINDS,
     steps=MappingProxyType(_V4_STEPS),
     pools=MappingProxyType({
-        "swa": PoolSpec("swa", tuple(range(_V4_LAYERS)), 584, 1, 1),
+        "swa": PoolSpec("swa", tuple(range(_V4_LAYERS)), 584, 1, 1, windowed=True),
         "c4": PoolSpec("c4", _V4_C4, 37440, _V4_PAGE // 4, 4),
         "index_k": PoolSpec("index_k", _V4_C4, 8448, _V4_PAGE // 4, 4, index_k=True),
         "c128": PoolSpec("c128", _V4_C128, 1728, _V4_PAGE // 128, 128),

@@ -452,10 +452,10 @@ class KVOracle:
     def _key_id(self, key: tuple) -> int:
         return self._ids.id_of(key)
 
-    def _expected_entries(self, req, role: str, ne: int, n_ctx: int) -> np.ndarray:
-        """:meth:`expected` of ``req``'s entries ``0..ne-1`` of ``role`` (entry ``j`` completed at
-        position ``j * ratio + ratio - 1``), read-only and remembered per (request, role,
-        ``ne``, ``n_ctx``).
+    def _expected_entries(self, req, role: str, ne: int, n_ctx: int, first: int = 0) -> np.ndarray:
+        """:meth:`expected` of ``req``'s entries ``first..first+ne-1`` of ``role`` (entry ``j``
+        completed at position ``j * ratio + ratio - 1``), read-only and remembered per (request,
+        role, ``ne``, ``n_ctx``, ``first``).
 
         NOTE: a forward reads a request's entries once per layer (43 reads of one role in a
         per-layer forward), each with the same entries and context; the keys are a pure
@@ -465,7 +465,7 @@ class KVOracle:
         forward's (``check_reads`` forgets it when the reads' ``made_for`` changes), so it
         does not grow with the run."""
         memo = self._expected_memo
-        mk = (id(req), role, ne, n_ctx)
+        mk = (id(req), role, ne, n_ctx, first)
         got = memo.get(mk)
         if got is not None and got[0] is req:
             return got[1]
@@ -476,8 +476,9 @@ class KVOracle:
         r = self.ratios[role]
         epu = self.buffers[role][1].entries_per_unit
         span = epu * r
-        last = np.minimum(np.arange(-(-ne // epu), dtype=np.int64) * span + (span - 1), n_ctx - 1)
-        w = np.repeat(self._ids.ids(req, ((last + 1) // r) * r), epu)[:ne]
+        u0, u1 = first // epu, -(-(first + ne) // epu)
+        last = np.minimum(np.arange(u0, u1, dtype=np.int64) * span + (span - 1), n_ctx - 1)
+        w = np.repeat(self._ids.ids(req, ((last + 1) // r) * r), epu)[first - u0 * epu:][:ne]
         w.setflags(write=False)
         memo[mk] = (req, w)
         return w
@@ -495,8 +496,9 @@ class KVOracle:
 
     def check_read(self, info, obs_read, req, n_ctx: int) -> np.ndarray:
         """For a read (``ReadInfo``) made for ``req`` (``info.entries[req.rid]``, in sequence
-        order, ``n_ctx`` tokens computed) and its observed views: a bool per entry, True where
-        some pool layer's entry holds bytes that are not ``req``'s KV."""
+        order from ``info.first.get(req.rid, 0)``, ``n_ctx`` tokens computed) and its observed
+        views: a bool per entry, True where some pool layer's entry holds bytes that are not
+        ``req``'s KV."""
         return self.check_reads(info, obs_read, {req.rid: (req, n_ctx)})[req.rid]
 
     def check_reads(self, info, obs_read, made_for: Mapping[int, tuple], contents=None,
@@ -563,7 +565,7 @@ class KVOracle:
             if not len(ent):
                 out[rid] = np.zeros(0, bool)
                 continue
-            w = self._expected_entries(req, info.role, len(ent), n_ctx)
+            w = self._expected_entries(req, info.role, len(ent), n_ctx, info.first.get(rid, 0))
             unit_dest = ent // lay.entries_per_unit
             e = np.repeat(np.arange(len(ent)), nf)
             if isinstance(lay, PagedLayout):
@@ -702,7 +704,7 @@ class KVOracle:
                 out[rid] = np.zeros(0, bool)
                 continue
             self.entries_checked += ne * len(layers)
-            w = self._expected_entries(req, info.role, ne, n_ctx)
+            w = self._expected_entries(req, info.role, ne, n_ctx, info.first.get(rid, 0))
             ent, u, st, cnt, rmin, rmax, leading, ru, rw = self._page_runs(info.entries[rid], w, epu)
             g = layers[:, None] * lay.pages + ru[None, :]                 # (pool layers, runs)
             ml, mr = np.nonzero(~((jk[g] == rw[None, :]) & (jn[g] > rmax[None, :])))
