@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from sim.engine.cost import CostModel
-from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
+from sim.engine.decode import DecodeEngine, DecodeStepModel, TransferSize, transfer_size
 from sim.engine.engine import PrefillEngine
 from sim.engine.models import model
 from sim.engine.scenario import load_scenario
@@ -33,12 +33,13 @@ def test_step_cost_grows_with_batch_and_context_and_shrinks_with_tp():
 def test_v4_step_model_prices_every_layer_kind():
     m, fam, opts = steps("deepseek-v4-flash")
     assert set(m.kinds) == {"swa", "c4", "c128"} and sum(m.kinds.values()) == fam.n_layers
-    assert kv_bytes_per_token(fam, opts) > 0
+    ts = transfer_size(fam, opts, 256)
+    assert ts.per_token > 0 and ts.window_per_token == 584 * fam.n_layers and ts.window == 128
 
 
 def test_requests_finish_after_their_output_tokens_and_join_at_step_boundaries():
     m, _, _ = steps()
-    d = DecodeEngine(m, max_running=2, transfer_gbps=50.0, bytes_per_token=1000.0)
+    d = DecodeEngine(m, max_running=2, transfer_gbps=50.0, transfer=TransferSize(1000.0))
     assert d.transfer_us(50_000) == pytest.approx(1000.0)        # 50 MB at 50 GB/s
     d.admit(1, 0.0, 1000, 3)
     d.admit(2, 0.0, 1000, 1)
@@ -50,7 +51,7 @@ def test_requests_finish_after_their_output_tokens_and_join_at_step_boundaries()
     t = dict(done)
     assert 1000.0 < t[2] < t[1] == t[3]                        # after its transfer and one step
     # nothing runs before the transfer lands
-    d2 = DecodeEngine(m, max_running=2, transfer_gbps=50.0, bytes_per_token=1000.0)
+    d2 = DecodeEngine(m, max_running=2, transfer_gbps=50.0, transfer=TransferSize(1000.0))
     d2.admit(7, 0.0, 50_000, 1)
     assert d2.advance(999.0) == [] and d2.next_event_us() == pytest.approx(1000.0)
 
@@ -58,8 +59,8 @@ def test_requests_finish_after_their_output_tokens_and_join_at_step_boundaries()
 def test_bad_decode_input_names_it():
     m, _, _ = steps()
     with pytest.raises(InputError, match="decode"):
-        DecodeEngine(m, max_running=0, transfer_gbps=1.0, bytes_per_token=0.0)
-    d = DecodeEngine(m, max_running=1, transfer_gbps=1.0, bytes_per_token=0.0)
+        DecodeEngine(m, max_running=0, transfer_gbps=1.0, transfer=TransferSize(0.0))
+    d = DecodeEngine(m, max_running=1, transfer_gbps=1.0, transfer=TransferSize(0.0))
     with pytest.raises(InputError, match="output_tokens"):
         d.admit(1, 0.0, 10, 0)
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from kvrace.run_cli import format_run
+from sim.engine.decode import transfer_size
 from sim.engine.decode_hicache import DecodeCacheEngine, format_decode_side
 from sim.engine.engine import PrefillEngine
 from sim.engine.hypotheses import configuration, hypothesis
+from sim.engine.models import model, resolve_options, window_start
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
 
@@ -51,6 +53,44 @@ def test_v4_decode_side_at_byte_level_is_clean_and_empties(v4_clean):
     s = e.decode.session
     assert s.allocator.available_size() == s.allocator.size_full
     assert "HiCache off" in format_decode_side(d)[0]
+
+
+def test_v4_transfer_sends_the_swa_window_only(monkeypatch):
+    """SGLang's ``_swa_payload`` sends SWA from the page holding ``seq_len - 128`` on: the
+    transfer lands SWA from there (a store of its own), every other pool from the first
+    token; the decode reads, SWA in its window, still see only their own KV; the transfer's
+    bytes count the same."""
+    landed = []
+    orig = DecodeCacheEngine._store
+
+    def spy(self, pairs, stream, roles=None):
+        if stream == "schedule":
+            d, _, pos = pairs[0]
+            landed.append((d.req.input_len, frozenset(roles), int(pos[0]), len(pos)))
+        return orig(self, pairs, stream, roles)
+    monkeypatch.setattr(DecodeCacheEngine, "_store", spy)
+    e, r = run("incident-short", *V4, "deployment.decode_bytes=true")
+    assert r.decode["wrong_kv_reads"] == r.decode["stale_reads"] == r.decode["requests_corrupted"] == 0
+    assert any(n > 384 for n, *_ in landed)
+    for n, roles, first, count in landed:
+        start = window_start(n, 128, 256)
+        if roles == {"swa"}:
+            assert (first, count) == (start, n - start)
+        else:
+            assert roles == {"c4", "index_k", "c128"} if start else roles == {"swa", "c4", "index_k", "c128"}
+            assert (first, count) == (0, n)
+    ts = e.decode.transfer_size
+    assert ts.window == 128 and ts.page == 256 and ts.window_per_token == 584 * 4    # 4 layers
+    assert ts.nbytes(0, 1000) == 1000 * ts.per_token + (1000 - 768) * ts.window_per_token
+    assert ts.nbytes(0, 100) == 100 * (ts.per_token + ts.window_per_token)
+    assert ts.nbytes(900, 1000) == 100 * (ts.per_token + ts.window_per_token)
+
+
+def test_transfer_size_without_a_window_is_per_token():
+    ts = transfer_size(model("dsa-v3.2"), resolve_options(None), 64)
+    assert ts.window_per_token == 0 and ts.nbytes(10, 1010) == 1000 * ts.per_token == 1000 * (656 + 132) * 61
+    assert window_start(1000, 128, 256) == 768 and window_start(300, 128, 256) == 0 \
+        and window_start(384, 128, 256) == 256
 
 
 def test_decode_bytes_off_keeps_the_decode_side_in_simulated_time():

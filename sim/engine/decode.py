@@ -10,8 +10,9 @@ between prefill batches.
 
 :class:`DecodeEngine` (``deployment.mode = "pd"``): the decode engine of a PD pair.  A
 request admitted at ``t`` (its prefill's end) first waits for its KV transfer (the prefill
-engine's KV of its context, every pool and layer, over the link at ``link.h2d_gbps``: the
-profile's PCIe figure stands in for the NIXL path between the two engines' GPUs), then joins
+engine's KV of its context, every pool and layer, a sliding-window pool's window only
+(:class:`TransferSize`), over the link at ``link.h2d_gbps``: the profile's PCIe figure stands
+in for the NIXL path between the two engines' GPUs), then joins
 the running batch at the next step boundary (at most ``max_running`` requests; the rest
 queue in arrival order).  Steps run back to back while any request runs; a request
 finishes at the end of the step that produces its last output token.  No byte-level
@@ -25,24 +26,50 @@ a compute op on the forward stream between prefill batches.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from sim.engine.cost import CostModel, keyed_normal, seq_sum, step_cost_of
-from sim.engine.models import ModelFamily
+from sim.engine.models import ModelFamily, window_start
 from sim.errors import InputError, show
 
-__all__ = ["DecodeEngine", "DecodeStepModel", "kv_bytes_per_token"]
+__all__ = ["DecodeEngine", "DecodeStepModel", "TransferSize", "transfer_size"]
 
 #: the key tag of a decode step's jitter (the prefill forwards key theirs by batch number)
 _DECODE_KEY = 1 << 40
 
 
-def kv_bytes_per_token(model: ModelFamily, options: Mapping[str, str]) -> float:
-    """Device KV bytes per raw token over every layer and pool (page padding included): what
-    a PD transfer moves per context token."""
-    return sum(p.bytes_per_token * len(p.layers) for p in model.pools_for(options).values())
+@dataclass(frozen=True)
+class TransferSize:
+    """What a PD transfer moves: ``per_token`` device KV bytes per raw token of every pool
+    but the sliding-window one (over every layer, page padding included), and
+    ``window_per_token`` of the sliding-window pool (0: the model has none), which is sent
+    only from :func:`~sim.engine.models.window_start` (``window``, ``page``) on, as SGLang's
+    ``_swa_payload`` sends it."""
+
+    per_token: float
+    window_per_token: float = 0.0
+    window: int = 0
+    page: int = 1
+
+    def nbytes(self, start: int, stop: int) -> float:
+        """Bytes of the transfer of positions ``[start, stop)`` of a ``stop``-token sequence."""
+        b = (stop - start) * self.per_token
+        if self.window_per_token:
+            b += max(0, stop - max(start, window_start(stop, self.window, self.page))) * self.window_per_token
+        return b
+
+
+def transfer_size(model: ModelFamily, options: Mapping[str, str], page: int) -> TransferSize:
+    """The :class:`TransferSize` of ``model``'s pools under ``options`` with pages of ``page``
+    tokens."""
+    pools = model.pools_for(options).values()
+    win = [p for p in pools if p.windowed and model.dims.window > 0]
+    return TransferSize(sum(p.bytes_per_token * len(p.layers) for p in pools if p not in win),
+                        sum(p.bytes_per_token * len(p.layers) for p in win),
+                        model.dims.window if win else 0, page)
 
 
 class DecodeStepModel:
@@ -120,9 +147,9 @@ class DecodeStepModel:
 
 class DecodeEngine:
     """A PD decode engine in simulated time (module doc).  ``transfer_gbps``: the KV transfer
-    rate; ``bytes_per_token``: KV bytes a context token transfers."""
+    rate; ``transfer``: the bytes a transfer moves (:class:`TransferSize`)."""
 
-    def __init__(self, steps: DecodeStepModel, *, max_running: int, transfer_gbps: float, bytes_per_token: float,
+    def __init__(self, steps: DecodeStepModel, *, max_running: int, transfer_gbps: float, transfer: TransferSize,
                  transfer_latency_us: float = 0.0):
         if max_running < 1 or transfer_gbps <= 0:
             raise InputError("decode", f"expected max_running >= 1 and transfer_gbps > 0, got {max_running}, "
@@ -130,7 +157,7 @@ class DecodeEngine:
         self.steps = steps
         self.max_running = max_running
         self.transfer_gbps = transfer_gbps
-        self.bytes_per_token = bytes_per_token
+        self.transfer_size = transfer
         self.transfer_latency_us = transfer_latency_us
         self.now = 0.0              # end of the last step (or the idle clock)
         self.arriving: list = []    # heap of (ready_us, order, rid, context, remaining)
@@ -140,15 +167,16 @@ class DecodeEngine:
         self.transfer_bytes = 0.0
         self.busy_us = 0.0
 
-    def transfer_us(self, context_tokens: int) -> float:
-        b = context_tokens * self.bytes_per_token
+    def transfer_us(self, context_tokens: int, start: int = 0) -> float:
+        """The duration of the transfer of positions ``[start, context_tokens)``."""
+        b = self.transfer_size.nbytes(start, context_tokens)
         return self.transfer_latency_us + b / (self.transfer_gbps * 1e3)   # GB/s = 1e3 B/us
 
     def admit(self, rid: int, t_us: float, context_tokens: int, output_tokens: int) -> None:
         """Request ``rid``'s prefill ended at ``t_us``: its KV transfer starts then."""
         if output_tokens < 1:
             raise InputError("output_tokens", f"expected >= 1, got {output_tokens}")
-        self.transfer_bytes += context_tokens * self.bytes_per_token
+        self.transfer_bytes += self.transfer_size.nbytes(0, context_tokens)
         heapq.heappush(self.arriving, (t_us + self.transfer_us(context_tokens), self._order, rid, context_tokens,
                                        output_tokens))
         self._order += 1

@@ -66,7 +66,7 @@ from sim.arrays import unique_sorted
 from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.session import CacheSession
-from sim.engine.decode import DecodeEngine, DecodeStepModel
+from sim.engine.decode import DecodeEngine, DecodeStepModel, TransferSize
 from sim.engine.engine import PrefillEngine, _Tally
 from sim.engine.forward import ReadInfo, coalesce, read_ranges
 from sim.engine.oracle import KVOracle
@@ -140,10 +140,10 @@ class DecodeCacheEngine(DecodeEngine):
     _topk_changed = PrefillEngine._topk_changed
     _read_bytes = staticmethod(PrefillEngine._read_bytes)
 
-    def __init__(self, steps: DecodeStepModel, *, max_running: int, transfer_gbps: float, bytes_per_token: float,
+    def __init__(self, steps: DecodeStepModel, *, max_running: int, transfer_gbps: float, transfer: TransferSize,
                  transfer_latency_us: float, session: CacheSession, hicache: bool, lookup, transfer_pools=None):
         super().__init__(steps, max_running=max_running, transfer_gbps=transfer_gbps,
-                         bytes_per_token=bytes_per_token, transfer_latency_us=transfer_latency_us)
+                         transfer=transfer, transfer_latency_us=transfer_latency_us)
         if session.config.keep != "report":
             raise InputError("session", "expected a keep='report' session (the decode side judges each read "
                              "when the run captures it)")
@@ -317,8 +317,8 @@ class DecodeCacheEngine(DecodeEngine):
         d.prefix, d.l2, d.node = prefix, l2, node
         d.restore = "pending" if l2 > 0 else None
         sent = req.input_len - total
-        d.transfer_end_us = self.now + self.transfer_us(sent)
-        self.transfer_bytes += sent * self.bytes_per_token
+        d.transfer_end_us = self.now + self.transfer_us(req.input_len, total)
+        self.transfer_bytes += self.transfer_size.nbytes(total, req.input_len)
         self.counts["device_hit_tokens"] += len(prefix)
         self.counts["host_hit_tokens"] += l2
         self.counts["transfer_tokens"] += sent
@@ -345,11 +345,22 @@ class DecodeCacheEngine(DecodeEngine):
 
     def _land(self, d: DecodeReq) -> None:
         """The PD transfer of ``d`` has ended: its KV ``[decode_prefix_len, input)`` in its
-        delta slots, of the pools ``transfer_pools`` names (the host then knows: a sync)."""
+        delta slots, of the pools ``transfer_pools`` names (the host then knows: a sync); a
+        sliding-window pool's only from ``PoolSpec.sent_from`` on (SGLang's ``_swa_payload``),
+        in a store of its own."""
         n = d.req.input_len - d.decode_prefix_len
         if n > 0:
-            pos = np.arange(d.decode_prefix_len, d.req.input_len, dtype=np.int64)
-            self._store([(d, d.delta[:n], pos)], "schedule", self.transfer_pools)
+            roles = set(self.buffers) if self.transfer_pools is None else set(self.transfer_pools)
+            win = self.model.dims.window
+            by_start: dict[int, list[str]] = {}
+            for role in sorted(roles):
+                start = max(d.decode_prefix_len, self.pools[role].sent_from(d.req.input_len, win, self.page))
+                by_start.setdefault(start, []).append(role)
+            for start, group in sorted(by_start.items()):
+                k = start - d.decode_prefix_len
+                pos = np.arange(start, d.req.input_len, dtype=np.int64)
+                if pos.size:
+                    self._store([(d, d.delta[k:n], pos)], "schedule", frozenset(group))
             self.session.synchronize(stream="schedule")
         d.landed = True
 

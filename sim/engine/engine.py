@@ -63,7 +63,7 @@ from sim.cache.ranks import rank_name
 from sim.cache.session import BATCH_EVENT, MODEL_ROLES, CacheSession
 from sim.engine.budget import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS, NewTokenRatio, retract_order
 from sim.engine.cost import CostModel
-from sim.engine.decode import DecodeEngine, DecodeStepModel, kv_bytes_per_token
+from sim.engine.decode import DecodeEngine, DecodeStepModel, TransferSize, transfer_size
 from sim.engine.hypotheses import CONTROLLER_KEYS
 from sim.engine.forward import (
     BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, entry_bytes, issue_forward, topk_verdict,
@@ -424,7 +424,8 @@ class PrefillEngine:
         # PD: the KV crosses to the decode engine's GPUs first; colocated: it is already there
         self.decode = DecodeEngine(steps, max_running=sc.scheduler.max_running_requests,
                                    transfer_gbps=profile.h2d_gbps if self.pd else 1.0,
-                                   bytes_per_token=kv_bytes_per_token(self.model, self.options) if self.pd else 0.0,
+                                   transfer=(transfer_size(self.model, self.options, self.page) if self.pd
+                                             else TransferSize(0.0)),
                                    transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
         # the pools the PD transfer sends (None: all); one left out is seen only by decode reads
         transfer = _left_out(roles, cfg.transfer_pools)
@@ -1592,7 +1593,7 @@ class PrefillEngine:
         # NOTE: the driver holds each request in flight until its turn completes, which is after
         # the decode side has finished with it
         return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests, transfer_gbps=profile.h2d_gbps,
-                                 bytes_per_token=kv_bytes_per_token(self.model, self.options),
+                                 transfer=transfer_size(self.model, self.options, session.config.page_size),
                                  transfer_latency_us=profile.memcpy_latency_us, session=session,
                                  hicache=sc.hicache.decode, transfer_pools=transfer_pools,
                                  lookup=lambda rid: self.driver._in_flight[rid])

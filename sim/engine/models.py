@@ -92,6 +92,14 @@ class Step:
         return mode in self.modes and all(options[k] in vals for k, vals in self.when)
 
 
+def window_start(seq_len: int, window: int, page: int) -> int:
+    """Where a PD transfer of a ``seq_len``-token sequence starts sending a sliding-window
+    pool: the start of the page holding position ``max(0, seq_len - window)`` (SGLang 0.5.14
+    ``disaggregation/prefill.py`` ``_swa_payload``: ``window_start = max(0, seq_len -
+    window_size)`` rounded down to a page)."""
+    return (max(0, seq_len - window) // page) * page
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     """A device KV pool: its role, which model layers own a slice of it (pool layer
@@ -112,6 +120,12 @@ class PoolSpec:
         if self.windowed and self.tokens_per_entry != 1:
             raise InputError(f"pool {self.role}", f"a windowed pool holds one entry per token: expected "
                              f"tokens_per_entry 1, got {self.tokens_per_entry}")
+
+    def sent_from(self, seq_len: int, window: int, page: int) -> int:
+        """The first position whose KV of this pool a PD transfer of a ``seq_len``-token
+        sequence sends: 0, or for a windowed pool the page holding position ``seq_len -
+        window`` on (:func:`window_start`)."""
+        return window_start(seq_len, window, page) if self.windowed and window > 0 else 0
 
     def read_entries(self, entries: np.ndarray, new_tokens: int, window: int) -> tuple[np.ndarray, int]:
         """What a forward's kernels read of this pool for one request: of ``entries`` (the
