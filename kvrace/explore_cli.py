@@ -11,7 +11,7 @@ import sys
 
 from kvrace.argtypes import int_at_least
 from sim.errors import InputError
-from sim.report_io import check_output_path, write_json
+from sim.report_io import check_output_dir, check_output_path, write_json
 
 __all__ = ["EXPLORE_EPILOG", "add_parser", "run_explore"]
 
@@ -71,12 +71,7 @@ def run_explore(args) -> int:
         raise InputError("--depth", "is the PCT bug depth; expected it with --pct N")
     if args.max_orders is not None and (args.pct is not None or args.random is not None):
         raise InputError("--max-orders", "bounds --exhaustive only; --pct and --random run N times")
-    if args.witness_dir is not None:
-        if os.path.exists(args.witness_dir) and not os.path.isdir(args.witness_dir):
-            raise InputError("--witness-dir", f"{args.witness_dir!r} is a file; expected a directory")
-        parent = os.path.dirname(os.path.abspath(args.witness_dir))
-        if not os.path.isdir(parent):
-            raise InputError("--witness-dir", f"cannot create {args.witness_dir!r}: {parent!r} does not exist")
+    check_output_dir(args.witness_dir, "--witness-dir")
     s = load(args.file)
     ex = Explorer(s, args.chunk, profile=args.profile)
     if args.pct is not None:

@@ -23,7 +23,7 @@ import numpy as np
 from kvrace.argtypes import int_at_least
 from kvrace.sweep_cli import ProgressBar, add_trace_option, check_trace_option, write_run_trace
 from sim.engine.decode_hicache import format_decode_side
-from sim.report_io import check_output_path, emit
+from sim.report_io import check_output_dir, check_output_path, emit
 
 __all__ = ["add_parser", "format_run", "format_signatures", "export_races"]
 
@@ -212,6 +212,7 @@ def _run(args) -> int:
 
     check_trace_option(args)
     check_output_path(args.json, "--json")          # output paths are checked before the run
+    check_output_dir(args.export_races, "--export-races")
     if args.seed is not None and args.seed < 0:
         raise InputError("--seed", f"expected an integer >= 0, got {args.seed}")
     sc = load_scenario(args.scenario, args.set)

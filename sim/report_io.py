@@ -24,6 +24,22 @@ def check_output_path(path: str | None, option: str) -> None:
         raise InputError(option, f"cannot write {path!r}: permission denied")
 
 
+def check_output_dir(path: str | None, option: str) -> None:
+    """Refuse a folder path that cannot be made (with its parents) or written, before any work
+    is done.  The folder itself is made by whoever writes into it."""
+    if path is None:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise InputError(option, f"{path!r} is a file; expected a folder (made if missing)")
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise InputError(option, f"cannot make {path!r}: {existing!r} is a file; expected a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(option, f"cannot write into {path!r}: permission denied on {existing!r}")
+
+
 def write_json(doc, path: str, default=None) -> None:
     """JSON to ``path``, or to stdout when ``path`` is '-'."""
     text = json.dumps(doc, indent=1, default=default)

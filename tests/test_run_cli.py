@@ -186,3 +186,31 @@ def test_export_races_says_why_nothing_was_exported(tmp_path, capsys):
     last = capsys.readouterr().out.splitlines()[-1]
     assert last.startswith("nothing exported: no stale or torn read on the prefill side; the decode side's ")
     assert last.endswith("corrupted reads are not exported (--export-races covers the prefill session)")
+
+
+def test_export_races_folder_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
+    """An ``--export-races`` path that is a file, or whose folder cannot be made, is refused
+    (exit 2) with the option named before the engine runs, not with a traceback after the run."""
+    import os
+
+    from sim.engine import engine as engine_mod
+
+    def no_run(*a, **k):
+        raise AssertionError("the engine ran before the output folder was checked")
+
+    monkeypatch.setattr(engine_mod.PrefillEngine, "run", no_run)
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    cases = [(f, "is a file; expected a folder"), (f / "below", "cannot make")]
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    if not os.access(ro, os.W_OK):          # root writes anywhere: nothing to refuse then
+        cases.append((ro / "races", "permission denied"))
+    try:
+        for path, why in cases:
+            assert main(ARGS + ["--export-races", str(path)]) == 2
+            err = capsys.readouterr().err
+            assert "--export-races" in err and why in err and "Traceback" not in err
+    finally:
+        ro.chmod(0o700)
