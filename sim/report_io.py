@@ -18,6 +18,8 @@ def check_output_path(path: str | None, option: str) -> None:
     if os.path.isdir(path):
         raise InputError(option, f"{path!r} is a directory; give a file path (or '-' for stdout)")
     parent = os.path.dirname(path) or "."
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise InputError(option, f"cannot write {path!r}: {parent!r} is a file; expected a folder path")
     if not os.path.isdir(parent):
         raise InputError(option, f"cannot write {path!r}: directory {parent!r} does not exist; create it first")
     if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
