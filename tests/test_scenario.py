@@ -122,6 +122,8 @@ def test_impossible_geometry_and_model_mismatches():
     with pytest.raises(InputError) as e:
         load_scenario("glm5-22811", ["deployment.decode_tp=4"])
     assert e.value.where == "deployment.decode_tp"
+    with pytest.raises(InputError, match="set deployment.decode_tp = 2 with deployment.prefill_tp") as e:
+        load_scenario("glm5-22811", ["deployment.prefill_tp=2"])      # colocated: says what to set
     with pytest.raises(InputError) as e:      # 128 heads: TP 16 is fine for heads, not for 8 GPUs
         load_scenario("glm5-22811", ["deployment.prefill_tp=16", "deployment.decode_tp=16"])
     assert e.value.where == "deployment.prefill_tp"

@@ -127,7 +127,8 @@ class DeploymentSection(Section):
                                  "decode steps are byte level already), got true")
             if self.decode_tp != self.prefill_tp:
                 raise InputError(f"{where}.decode_tp", f"expected prefill_tp ({self.prefill_tp}) in colocated "
-                                 f"mode (one engine), got {self.decode_tp}")
+                                 f"mode (one engine), got {self.decode_tp}; set {where}.decode_tp = "
+                                 f"{self.prefill_tp} with {where}.prefill_tp")
             if self.gpus % self.prefill_tp:
                 raise InputError(f"{where}.prefill_tp", f"expected a TP that divides gpus ({self.gpus}), "
                                  f"got {self.prefill_tp}")
