@@ -149,7 +149,9 @@ def _reference_check_read(oracle, info, obs_read, req, n_ctx):
     name, lay = oracle.buffers[info.role]
     kind = oracle.kinds[name]
     r = oracle.ratios[info.role]
-    want = oracle.expected(req, info.role, np.arange(len(ent), dtype=np.int64) * r + (r - 1), n_ctx)
+    # a windowed pool's read starts at entry ``info.first[rid]`` of the sequence (SWA's window)
+    seq = info.first.get(req.rid, 0) + np.arange(len(ent), dtype=np.int64)
+    want = oracle.expected(req, info.role, seq * r + (r - 1), n_ctx)
     views = sorted(obs_read.views, key=lambda v: v.offset)
     v_off = np.array([v.offset for v in views], np.int64)
     unit_dest = ent // lay.entries_per_unit
