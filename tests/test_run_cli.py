@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -191,8 +192,6 @@ def test_export_races_says_why_nothing_was_exported(tmp_path, capsys):
 def test_export_races_folder_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
     """An ``--export-races`` path that is a file, or whose folder cannot be made, is refused
     (exit 2) with the option named before the engine runs, not with a traceback after the run."""
-    import os
-
     from sim.engine import engine as engine_mod
 
     def no_run(*a, **k):
