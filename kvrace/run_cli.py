@@ -211,8 +211,9 @@ def _run(args) -> int:
     from sim.errors import InputError
 
     check_trace_option(args)
-    check_output_path(args.json, "--json")          # output paths are checked before the run
+    # output paths are checked before the run (the export folder is made before the JSON is written)
     check_output_dir(args.export_races, "--export-races")
+    check_output_path(args.json, "--json", made=(args.export_races,))
     if args.seed is not None and args.seed < 0:
         raise InputError("--seed", f"expected an integer >= 0, got {args.seed}")
     sc = load_scenario(args.scenario, args.set)

@@ -11,13 +11,17 @@ from pathlib import Path
 from sim.errors import InputError
 
 
-def check_output_path(path: str | None, option: str) -> None:
-    """Refuse an output path that cannot be written, before any work is done ('-' is stdout)."""
+def check_output_path(path: str | None, option: str, made: tuple = ()) -> None:
+    """Refuse an output path that cannot be written, before any work is done ('-' is stdout).
+    ``made``: folders the same command makes before it writes ``path`` (each checked by
+    ``check_output_dir``; None entries are ignored): a path directly inside one is accepted."""
     if path is None or path == "-":
         return
     if os.path.isdir(path):
         raise InputError(option, f"{path!r} is a directory; give a file path (or '-' for stdout)")
     parent = os.path.dirname(path) or "."
+    if not os.path.exists(parent) and os.path.abspath(parent) in {os.path.abspath(m) for m in made if m}:
+        return
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise InputError(option, f"cannot write {path!r}: {parent!r} is a file; expected a folder path")
     if not os.path.isdir(parent):

@@ -37,3 +37,16 @@ def test_output_folders(tmp_path, a_file):
         with pytest.raises(InputError, match="--out") as e:
             check_output_dir(str(path), "--out")
         assert why in str(e.value)
+
+
+def test_output_file_in_a_folder_the_command_makes(tmp_path):
+    """A file path inside a folder the same command makes first (``made``: ``--json D/run.json``
+    beside ``--export-races D``) is accepted; a path one folder further down is not."""
+    d = tmp_path / "races"
+    check_output_path(str(d / "run.json"), "--json", made=(str(d),))
+    check_output_path(str(d) + "/./run.json", "--json", made=(str(d) + "/",))
+    with pytest.raises(InputError, match="--json") as e:
+        check_output_path(str(d / "sub" / "run.json"), "--json", made=(str(d),))
+    assert "does not exist; create it first" in str(e.value)
+    with pytest.raises(InputError, match="--json"):
+        check_output_path(str(d / "run.json"), "--json", made=(None,))

@@ -189,6 +189,15 @@ def test_export_races_says_why_nothing_was_exported(tmp_path, capsys):
     assert last.endswith("corrupted reads are not exported (--export-races covers the prefill session)")
 
 
+def test_json_inside_the_export_folder(tmp_path):
+    """``--json D/run.json`` beside ``--export-races D`` works when ``D`` does not exist yet:
+    the export makes the folder before the JSON is written."""
+    d = tmp_path / "out"
+    rc = main(["run", "incident-repro", "--set", "run.duration_s=0.5", "--progress", "never",
+               "--export-races", str(d), "--json", str(d / "run.json")])
+    assert rc == 0 and json.loads((d / "run.json").read_text())["scenario"] == "incident-repro"
+
+
 def test_export_races_folder_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
     """An ``--export-races`` path that is a file, or whose folder cannot be made, is refused
     (exit 2) with the option named before the engine runs, not with a traceback after the run."""
