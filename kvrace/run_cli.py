@@ -210,9 +210,10 @@ def _run(args) -> int:
 
     from sim.errors import InputError
 
-    check_trace_option(args)
-    # output paths are checked before the run (the export folder is made before the JSON is written)
+    # output paths are checked before the run (the export folder is made before the JSON and the
+    # trace are written, so either may go into it)
     check_output_dir(args.export_races, "--export-races")
+    check_trace_option(args, made=(args.export_races,))
     check_output_path(args.json, "--json", made=(args.export_races,))
     if args.seed is not None and args.seed < 0:
         raise InputError("--seed", f"expected an integer >= 0, got {args.seed}")
@@ -230,13 +231,13 @@ def _run(args) -> int:
             bar.close()
     d = result.to_dict()
     doc = {k: d[k] for k in _RUN_KEYS} | {k: v for k, v in d.items() if k not in _RUN_KEYS}
-    if keep == "all":
-        write_run_trace(args, engine.session.finish(), engine.report)
     if args.export_races:
         paths, skipped = export_races(engine, result, args.export_races, args.export_limit)
         doc["exported_races"] = [str(p) for p in paths]
         if skipped:
             doc["exported_races_skipped"] = skipped
+    if keep == "all":
+        write_run_trace(args, engine.session.finish(), engine.report)
     emit(doc, args.json, lambda _: format_run(d))
     if args.json != "-":
         for p in doc.get("exported_races", []):

@@ -227,12 +227,13 @@ def add_trace_option(run_parser) -> None:
                                  "stale/torn reads and latent races marked")
 
 
-def check_trace_option(args) -> None:
-    """Refuse a --trace path that cannot be written (before the simulation runs)."""
+def check_trace_option(args, made: tuple = ()) -> None:
+    """Refuse a --trace path that cannot be written (before the simulation runs); ``made``: as
+    ``check_output_path``'s (folders the command makes before it writes the trace)."""
     path = getattr(args, "trace", None)
     if path == "-":
         raise InputError("--trace", "expected a file path ('-' is not accepted: stdout carries the report)")
-    check_output_path(path, "--trace")
+    check_output_path(path, "--trace", made)
 
 
 def write_run_trace(args, run, rep: dict) -> None:

@@ -189,13 +189,14 @@ def test_export_races_says_why_nothing_was_exported(tmp_path, capsys):
     assert last.endswith("corrupted reads are not exported (--export-races covers the prefill session)")
 
 
-def test_json_inside_the_export_folder(tmp_path):
-    """``--json D/run.json`` beside ``--export-races D`` works when ``D`` does not exist yet:
-    the export makes the folder before the JSON is written."""
+def test_json_and_trace_inside_the_export_folder(tmp_path):
+    """``--json D/run.json`` and ``--trace D/trace.json`` beside ``--export-races D`` work when
+    ``D`` does not exist yet: the export makes the folder before either is written."""
     d = tmp_path / "out"
     rc = main(["run", "incident-repro", "--set", "run.duration_s=0.5", "--progress", "never",
-               "--export-races", str(d), "--json", str(d / "run.json")])
+               "--export-races", str(d), "--json", str(d / "run.json"), "--trace", str(d / "trace.json")])
     assert rc == 0 and json.loads((d / "run.json").read_text())["scenario"] == "incident-repro"
+    assert json.loads((d / "trace.json").read_text())["traceEvents"]
 
 
 def test_export_races_folder_is_checked_before_the_run(tmp_path, monkeypatch, capsys):
