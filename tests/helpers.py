@@ -117,3 +117,33 @@ def stream_static(s, profile, *, on_read=None, digests: bool = True, **kw):
     if on_read is not None:
         ex.online.on_read(on_read, digests=digests)
     return run_static(ex, s)
+
+
+def example_script(name: str):
+    """The module of ``examples/<name>.py`` (the scripts that regenerate the example files),
+    loaded from its path: ``examples/`` is not a package."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def current_window_read(script: str):
+    """``(schedule, report, read)`` of the one-read window ``examples/<script>.py`` writes,
+    after checking the committed file is what the script makes today."""
+    import json
+
+    from sim.executor import run_schedule
+    from sim.schedule import validate
+    from sim.verdicts import analyse
+
+    mod = example_script(script)
+    assert mod.main(["--check"]) == 0, f"run: python examples/{script}.py"
+    s = validate(json.loads(mod.OUT.read_text()))
+    rep = analyse(run_schedule(s, H200))
+    (read,) = rep["reads"]
+    return s, rep, read

@@ -3,7 +3,6 @@
 It is a whole CacheSession run (the HiCache model: backups, eviction, a load-back, gated and
 ungated reads) as a schedule; the GPU suite replays every example, this one too.
 """
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,19 +10,14 @@ from sim.executor import run_schedule
 from sim.profile import load_profile
 from sim.schedule import validate
 from sim.verdicts import analyse
+from tests.helpers import example_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("make_session_example", ROOT / "examples" / "make_session_example.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_committed_session_example_is_current():
-    assert _module().main(["--check"]) == 0, "run: python examples/make_session_example.py"
+    mod = example_script("make_session_example")
+    assert mod.main(["--check"]) == 0, "run: python examples/make_session_example.py"
 
 
 def test_ungated_reads_race_the_load_and_gated_reads_see_the_loaded_prefix():

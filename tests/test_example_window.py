@@ -4,26 +4,16 @@ The example is a window cut from a two-rank host-program run (queries, barriers,
 after acknowledgement); the GPU suite replays every example, this one included, so the file
 must stay the cut the current code produces.
 """
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "make_window_example.py"
-
-
-def _module():
-    spec = importlib.util.spec_from_file_location("make_window_example", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.helpers import example_script
 
 
 def test_committed_window_is_the_current_cut():
-    mod = _module()
+    mod = example_script("make_window_example")
     assert mod.main(["--check"]) == 0, "run: python examples/make_window_example.py"
 
 
 def test_source_run_has_the_stale_read_and_clean_gated_reads():
-    mod = _module()
+    mod = example_script("make_window_example")
     doc, status = mod.build()
     assert status[mod.STALE_READ] == "stale"
     # exactly rank 0's ungated index-K reads of iteration 2 are stale (layer 0 too: nothing
