@@ -212,13 +212,15 @@ def main() -> None:
                 print(f"| {mode} | {n} | | over {args.timeout:.0f} s | | | | | | |", flush=True)
                 continue
             if out.returncode != 0:
-                print(f"| {mode} | {n} | | failed: {out.stderr.strip().splitlines()[-1][:120]} | | | | | | |", flush=True)
+                why = out.stderr.strip().splitlines()[-1][:120]
+                print(f"| {mode} | {n} | | failed: {why} | | | | | | |", flush=True)
                 continue
             r = json.loads(out.stdout)
             results.append(r)
-            print(f"| {mode} | {r['ops']} | {'-' if r['validate_s'] is None else r['validate_s']} | {r['run_s']} | {r['run_and_verdicts_s']} | {r['ops_per_s_run']} | "
-                  f"{r['ops_per_s_with_verdicts']} | {r['cpu_s']} | {r['ops_per_cpu_s']} | {r['peak_rss_mib']} |",
-                  flush=True)
+            validate_s = "-" if r["validate_s"] is None else r["validate_s"]
+            print(f"| {mode} | {r['ops']} | {validate_s} | {r['run_s']} | {r['run_and_verdicts_s']} | "
+                  f"{r['ops_per_s_run']} | {r['ops_per_s_with_verdicts']} | {r['cpu_s']} | {r['ops_per_cpu_s']} | "
+                  f"{r['peak_rss_mib']} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"provenance": prov, "results": results}, indent=1))
 

@@ -2,8 +2,9 @@
 
 A raced read from the incident's own model (DeepSeek V4-Flash, bf16 index-K, HiCache) under the
 ``graph-replay-no-waits`` hypothesis: the C4 indexer's bf16 index-K read of a batch that loads,
-with the load-back and backup copies it raced.  The GPU suite replays every example, this one too
-(SGLang's ``transfer_hicache_one_layer_mla`` and ``..._staged_lf_pf`` kernels on V4 page rows).
+with the load-back copy it raced (and a backup of the buffer, ordered after the read).  The GPU
+suite replays every example, this one too (SGLang's ``transfer_hicache_one_layer_mla`` and
+``..._staged_lf_pf`` kernels on V4 page rows).
 """
 from sim.executor import run_schedule
 from sim.replay import controlled_schedule
