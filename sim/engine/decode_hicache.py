@@ -46,6 +46,12 @@ server does it (docs/engine.md, "Decode-side HiCache in SGLang 0.5.14"):
   ``(input + output)[:input + output - 1]`` (the last token's KV is not committed) inserted
   (write-through backup), duplicates and the unaligned tail freed, the node unlocked;
   without HiCache every slot of the request freed.
+* **the overlap loop** (``overlap``: ``scheduler.decode_event_loop = "overlap"``, SGLang's
+  ``event_loop_overlap_disagg_decode``): step ``k`` is launched (its ``copy_done`` recorded on
+  the forward stream) before step ``k - 1``'s result is processed (its ``copy_done`` waited
+  for, not the stream); a request step ``k - 1`` finished rides in step ``k`` (its KV stored one
+  slot past its output, reserved at pre-allocation; its reads judged but attributed to no
+  request) and is released after step ``k``'s launch, while that store may be in flight.
 
 NOTE: the decode session's clock follows the decode engine's (the session advances to each
 step's start; the step's ops then take the session's time, so the session may run slightly
@@ -65,7 +71,7 @@ import numpy as np
 from sim.arrays import unique_sorted
 from sim.cache.radix import RadixKey
 from sim.cache.records import EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
-from sim.cache.session import CacheSession
+from sim.cache.session import BATCH_EVENT, CacheSession
 from sim.engine.decode import DecodeEngine, DecodeStepModel, TransferSize
 from sim.engine.engine import PrefillEngine, _Tally
 from sim.engine.forward import ReadInfo, coalesce, read_ranges
@@ -141,7 +147,8 @@ class DecodeCacheEngine(DecodeEngine):
     _read_bytes = staticmethod(PrefillEngine._read_bytes)
 
     def __init__(self, steps: DecodeStepModel, *, max_running: int, transfer_gbps: float, transfer: TransferSize,
-                 transfer_latency_us: float, session: CacheSession, hicache: bool, lookup, transfer_pools=None):
+                 transfer_latency_us: float, session: CacheSession, hicache: bool, lookup, transfer_pools=None,
+                 overlap: bool = False):
         super().__init__(steps, max_running=max_running, transfer_gbps=transfer_gbps,
                          transfer=transfer, transfer_latency_us=transfer_latency_us)
         if session.config.keep != "report":
@@ -149,6 +156,15 @@ class DecodeCacheEngine(DecodeEngine):
                              "when the run captures it)")
         self.session = s = session
         self.hicache = bool(hicache)
+        # the overlap loop (scheduler.decode_event_loop): the step launched last, whose result
+        # is processed after the next launch (its number, copy_done event and the requests it
+        # finished)
+        self.overlap = bool(overlap)
+        self._launched: tuple[int, str, list] | None = None
+        self.run = None                          # the decode session's run, once finished
+        if self.overlap and session.config.batch_events < 2:
+            raise InputError("session", "expected a session with batch_events >= 2 (the overlap loop's copy_done "
+                             f"events), got {session.config.batch_events}")
         self.lookup = lookup
         self.page = s.config.page_size
         self.model = steps.model
@@ -296,7 +312,9 @@ class DecodeCacheEngine(DecodeEngine):
         """``_match_prefix_and_lock`` and ``_pre_alloc``: False, holding nothing, when the
         delta and the restore do not fit the pool now."""
         req = d.req
-        n_total = req.input_len + req.output_len
+        # NOTE: the overlap loop's ride-along step stores the finished request's KV one slot past its
+        # output (SGLang allocates it in that step, alloc_for_decode, and frees it in release_kv_cache)
+        n_total = req.input_len + req.output_len + (1 if self.overlap else 0)
         if self.hicache:
             m = self.cache.match_prefix(MatchPrefixParams(RadixKey(req.source.ids(req.session, 0, req.input_len))))
             prefix, l2, node = np.asarray(m.device_indices, np.int64), int(m.host_hit_length), m.last_device_node
@@ -455,9 +473,61 @@ class DecodeCacheEngine(DecodeEngine):
 
     def step(self) -> tuple[float, list[int]]:
         """One decode step of the running batch at byte level (module doc); returns its
-        duration and the requests it finished."""
+        duration and the requests it finished (in the overlap loop: the requests the step
+        before it finished, released now)."""
         if not self.running:
             raise InputError("decode", "no running request to step")
+        if self.overlap:
+            return self._step_overlapped()
+        s = self.session
+        k, dur, ds = self._launch()
+        s.synchronize(stream="forward")
+        self.now = max(self.now, s.now)
+        done = []
+        for d in ds:
+            d.context += 1
+            d.remaining -= 1
+            if d.remaining == 0:
+                del self.running[d.req.rid]
+                self._release(d)
+                done.append(d.req.rid)
+        self._finished_now.extend(done)
+        return dur, done
+
+    def _step_overlapped(self) -> tuple[float, list[int]]:
+        """One iteration of SGLang's ``event_loop_overlap_disagg_decode``: launch step ``k`` (the
+        running batch, with the requests step ``k - 1`` finished riding along: their result is not
+        processed yet, so SGLang does not know they finished), record its ``copy_done``, then
+        process step ``k - 1``'s result: wait for its ``copy_done`` (the event: step ``k`` is not
+        waited for) and release the requests it finished, whose pages step ``k``'s store may still
+        be writing (the NOTE in SGLang's ``process_batch_result_decode``)."""
+        s = self.session
+        k, dur, ds = self._launch()
+        finishing = []
+        for d in ds:
+            d.context += 1                  # a ride-along's too: its store used the extra slot
+            if d.remaining > 0:
+                d.remaining -= 1
+                if d.remaining == 0:
+                    finishing.append(d)
+        event = BATCH_EVENT.format(k % 2)
+        s.host.issue({"op": "record", "stream": "forward", "event": event, "id": f"dec{k}.copy_done"})
+        prev, self._launched = self._launched, (k, event, finishing)
+        done = []
+        if prev is not None:
+            s.synchronize(event=prev[1])
+            for d in prev[2]:
+                del self.running[d.req.rid]
+                self._release(d)
+                done.append(d.req.rid)
+        self.now = max(self.now, s.now)
+        self._finished_now.extend(done)
+        return dur, done
+
+    def _launch(self) -> tuple[int, float, list[DecodeReq]]:
+        """Issue one decode step of the running batch on the forward stream (the KV store of
+        each request's position ``context``, one read per pool role, the compute); returns the
+        step's number, its duration and the batch."""
         s = self.session
         ds = list(self.running.values())
         dur = self.steps.step_us([d.context for d in ds], self.step_count)
@@ -474,18 +544,27 @@ class DecodeCacheEngine(DecodeEngine):
         made_for = {}
         entries = {role: {} for role in self.buffers}
         firsts = {role: {} for role in self.buffers}
+        riding = {role: [] for role in self.buffers}
         window = self.model.dims.window
         for d in ds:
             slots = d.sequence_slots()[:d.context + 1]
-            made_for[d.req.rid] = (d.req, d.context + 1)
+            # NOTE: a ride-along (the overlap loop: finished, its result not processed yet) is read
+            # as SGLang's step reads it, but its token is discarded: the read is judged, no request
+            # is made corrupt by what it saw
+            ride = d.remaining == 0
+            if not ride:
+                made_for[d.req.rid] = (d.req, d.context + 1)
             for role, (name, _) in self.buffers.items():
                 ent, first = self.pools[role].read_entries(s.entries_of(name, slots), 1, window)
+                if ride:
+                    riding[role].append(ent)
+                    continue
                 entries[role][d.req.rid] = ent
                 if first:
                     firsts[role][d.req.rid] = first
         for role, (name, lay) in self.buffers.items():
             ent = entries[role]
-            allent = unique_sorted(np.concatenate(list(ent.values())))
+            allent = unique_sorted(np.concatenate(list(ent.values()) + riding[role]))
             pls = tuple(range(lay.layers))
             st0, ln0 = read_ranges(lay, 0, allent)
             starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
@@ -499,18 +578,7 @@ class DecodeCacheEngine(DecodeEngine):
         # jitter: false: the step model applied its keyed jitter already
         s.host.issue({"op": "compute", "stream": "forward", "duration_us": dur, "jitter": False,
                       "id": f"dec{k}.compute"})
-        s.synchronize(stream="forward")
-        self.now = max(self.now, s.now)
-        done = []
-        for d in ds:
-            d.context += 1
-            d.remaining -= 1
-            if d.remaining == 0:
-                del self.running[d.req.rid]
-                self._release(d)
-                done.append(d.req.rid)
-        self._finished_now.extend(done)
-        return dur, done
+        return k, dur, ds
 
     def _release(self, d: DecodeReq) -> None:
         """``release_kv_cache``: HiCache, ``cache_finished_req`` (insert, duplicates and the
@@ -573,12 +641,13 @@ class DecodeCacheEngine(DecodeEngine):
         ``ownership_checks``; ``corrupted_reads`` (as ``EngineResult``'s); ``corrupted_rids``
         (sorted); ``output_tokens_clipped`` (only when non-zero: requests whose output the decode
         pool capped, :meth:`max_new_tokens`); ``transfer_pools`` (only when the PD transfer
-        leaves a pool out: the roles it sends)."""
+        leaves a pool out: the roles it sends).  The decode session's finished run (its verdicts:
+        ``run.online.races.listed()`` names the latent races) stays in ``self.run``."""
         s = self.session
         s.wait_idle()
         if self.hicache:
             self.cache.check_hicache_events()
-        run = s.finish()
+        run = self.run = s.finish()
         t = self._tally
         rids = t.raced | t.wrong
         return dict(

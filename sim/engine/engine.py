@@ -1583,20 +1583,22 @@ class PrefillEngine:
         from sim.engine.decode_hicache import DecodeCacheEngine
 
         sc, cfg = self.scenario, self.config
+        overlap = sc.scheduler.decode_event_loop == "overlap"
         session = CacheSession(
             model=smodel, layers=self.model.n_layers, page_size=sc.hicache.page_size, device_tokens=device_tokens,
             hicache_ratio=sc.hicache.ratio, hicache_size=float(sc.hicache.size_gb), layout=sc.hicache.layout,
             io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, keep="report", digest=False, **switches)
+            seed=self.seed, materialise=materialise, keep="report", digest=False,
+            batch_events=len(_OVERLAP_EVENTS) if overlap else 0, **switches)
         # NOTE: the driver holds each request in flight until its turn completes, which is after
         # the decode side has finished with it
         return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests, transfer_gbps=profile.h2d_gbps,
                                  transfer=transfer_size(self.model, self.options, session.config.page_size),
                                  transfer_latency_us=profile.memcpy_latency_us, session=session,
                                  hicache=sc.hicache.decode, transfer_pools=transfer_pools,
-                                 lookup=lambda rid: self.driver._in_flight[rid])
+                                 lookup=lambda rid: self.driver._in_flight[rid], overlap=overlap)
 
     def _decode_side_result(self) -> dict | None:
         """The byte-level decode side's metrics (``DecodeCacheEngine.finish``), or None."""

@@ -183,6 +183,11 @@ class SchedulerSection(Section):
     event_loop: str = opt("normal", "the scheduler loop: 'normal' (each batch synchronized before the next is formed) "
                           "or 'overlap' (SGLang's event_loop_overlap: batch N+1 formed and launched before batch N's "
                           "result is processed; needs overlap = true)", choices=EVENT_LOOPS)
+    decode_event_loop: str = opt("normal", "PD: the decode server's loop: 'normal' (each decode step waited for "
+                                 "before its finished requests are released) or 'overlap' (SGLang's "
+                                 "event_loop_overlap_disagg_decode: step N+1 launched before step N's result is "
+                                 "processed; needs overlap = true and a decode side at byte level)",
+                                 choices=EVENT_LOOPS)
 
 
 @dataclass(frozen=True)
@@ -310,6 +315,18 @@ class Scenario:
         if self.scheduler.event_loop == "overlap" and not self.scheduler.overlap:
             raise InputError("scheduler.event_loop", "expected 'normal' with scheduler.overlap = false (SGLang runs "
                              "event_loop_overlap only in overlap mode), got 'overlap'")
+        if self.scheduler.decode_event_loop == "overlap":
+            if self.deployment.mode != "pd":
+                raise InputError("scheduler.decode_event_loop", "expected 'normal' in colocated mode (its decode steps "
+                                 "run in the one engine's loop: set scheduler.event_loop), got 'overlap'")
+            if not self.scheduler.overlap:
+                raise InputError("scheduler.decode_event_loop", "expected 'normal' with scheduler.overlap = false "
+                                 "(SGLang runs event_loop_overlap_disagg_decode only in overlap mode), got 'overlap'")
+            if not (self.deployment.decode_bytes or self.hicache.decode):
+                raise InputError("scheduler.decode_event_loop", "expected 'normal' while the decode side runs in "
+                                 "simulated time only (the overlap loop changes only what happens to bytes): set "
+                                 "deployment.decode_bytes = true (or hicache.decode = true) to run it at byte level, "
+                                 "got 'overlap'")
         if self.workload.kind == "trace":
             load_trace(self.workload.trace, self.workload.system_prompt_tokens)
         cfg = self.configuration()

@@ -1,0 +1,76 @@
+"""The PD decode side in SGLang's overlap loop (``scheduler.decode_event_loop = "overlap"``,
+``event_loop_overlap_disagg_decode``): step ``k`` is launched before step ``k - 1``'s result is
+processed, so a request that step ``k - 1`` finished rides in step ``k`` (whose KV store writes one
+slot past its output), and its pages are freed while that store may still be in flight: the PD
+transfer of a newly pre-allocated request into a freed page is then unordered with it."""
+from __future__ import annotations
+
+import pytest
+
+from sim.engine.decode_hicache import DecodeCacheEngine
+from sim.engine.engine import PrefillEngine
+from sim.engine.scenario import load_scenario
+from sim.errors import InputError
+
+#: glm5 (dsa-v3.2) in PD at byte level, 2 layers, short outputs, a decode pool small enough that
+#: freed pages are reused at once
+DSA = ["run.layers=2", "deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4",
+       "workload.output_tokens_min=4", "workload.output_tokens_max=8", "workload.sessions=6",
+       "variant.gate_map=upstream-0.5.11", "deployment.decode_bytes=true", "run.duration_s=1.5"]
+
+
+def run(*sets):
+    e = PrefillEngine(load_scenario("glm5-22811-small", list(DSA) + list(sets)), 0)
+    return e, e.run()
+
+
+@pytest.fixture(scope="module")
+def normal():
+    return run()
+
+
+@pytest.fixture(scope="module")
+def overlapped():
+    return run("scheduler.decode_event_loop=overlap")
+
+
+def test_overlap_loop_runs_every_request_with_one_ride_along_step_per_finish(normal, overlapped):
+    (e0, r0), (e1, r1) = normal, overlapped
+    assert isinstance(e1.decode, DecodeCacheEngine) and e1.decode.overlap and not e0.decode.overlap
+    d0, d1 = r0.decode, r1.decode
+    assert r1.requests_completed == r1.requests_total == d1["requests"] == d0["requests"] > 0
+    # a finished request rides in the next step: more steps, never more than one per request
+    assert d0["steps"] < d1["steps"] <= d0["steps"] + d1["requests"]
+    # every request released: the pool holds what the normal loop's run leaves (the decode tree's pages)
+    assert e1.decode.session.allocator.available_size() == e0.decode.session.allocator.available_size()
+
+
+def test_pages_freed_under_a_ride_along_store_race_the_transfer_only_in_the_overlap_loop(normal, overlapped):
+    """Without the overlap loop every step is waited for before its requests' pages are freed:
+    nothing on the decode side races.  With it, the ride-along step's store into a page that the
+    finished request's release freed is unordered with the PD transfer that lands into that page
+    for the next request (the transfer stands for the RDMA engine: no stream orders it after the
+    forward stream)."""
+    assert normal[1].decode["latent_races"] == 0
+    assert overlapped[1].decode["latent_races"] > 0
+    races = overlapped[0].decode.run.online.races.listed()
+    # the ride-along step's KV store (forward) against the PD transfer's (the schedule stream)
+    assert any(r["streams"] == ("forward", "schedule") and r["kinds"] == ("write (write)", "write (write)")
+               for r in races)
+
+
+def test_decode_event_loop_is_checked():
+    base = ["run.layers=2", "deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4",
+            "run.duration_s=0.1"]
+    load_scenario("glm5-22811-small", base + ["scheduler.decode_event_loop=overlap"])     # decode-side HiCache
+    with pytest.raises(InputError, match="scheduler.decode_event_loop") as e:
+        load_scenario("glm5-22811-small", base + ["hicache.decode=false", "scheduler.decode_event_loop=overlap"])
+    assert "byte level" in str(e.value) and "deployment.decode_bytes" in str(e.value)
+    with pytest.raises(InputError, match="scheduler.decode_event_loop"):
+        load_scenario("glm5-22811-small", ["deployment.mode=colocated", "deployment.decode_tp=8",
+                                           "scheduler.decode_event_loop=overlap"])
+    with pytest.raises(InputError, match="scheduler.decode_event_loop"):
+        load_scenario("glm5-22811-small", base + ["deployment.decode_bytes=true", "scheduler.overlap=false",
+                                                  "scheduler.decode_event_loop=overlap"])
+    with pytest.raises(InputError, match="scheduler.decode_event_loop"):
+        load_scenario("glm5-22811-small", base + ["scheduler.decode_event_loop=sometimes"])
