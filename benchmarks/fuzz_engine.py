@@ -164,6 +164,8 @@ def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str
         ("scheduler.max_total_tokens", "0", True),
         ("scheduler.overlap", rng.choice(["true", "false"]), False), ("scheduler.overlap", "1.5", True),
         ("scheduler.event_loop", rng.choice(["normal", "overlap"]), False), ("scheduler.event_loop", "fast", True),
+        ("scheduler.decode_event_loop", rng.choice(["normal", "overlap"]), False),
+        ("scheduler.decode_event_loop", "fast", True),
         ("scheduler.schedule_policy", rng.choice(SCHEDULE_POLICIES), False),
         ("scheduler.schedule_policy", rng.choice(["routing-key", "LPM", ""]), True),
         ("scheduler.max_prefill_tokens", rng.choice([str(ps), str(ps + 1), "16384"]), False),
@@ -335,6 +337,8 @@ def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
               "deployment.gpus": str(2 * ptp), "hicache.prefill": rng.choice(["true", "true", "false"]),
               "hicache.decode": rng.choice(["true", "false"]) if dsa else "false",
               "deployment.decode_bytes": rng.choice(["true", "false", "false"])}
+        if o["hicache.decode"] == "true" or o["deployment.decode_bytes"] == "true":
+            o["scheduler.decode_event_loop"] = rng.choice(["normal", "overlap"])
     else:
         ptp = rng.choice([1, 2, 4, 8])
         h = rng.choice(["true", "true", "false"])
@@ -417,6 +421,8 @@ def draw_evict_case(rng: random.Random, index: int = 0) -> Case:
         o |= {"deployment.mode": "pd", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
               "deployment.gpus": str(2 * ptp), "hicache.decode": "false",
               "deployment.decode_bytes": rng.choice(["true", "false"])}
+        if o["deployment.decode_bytes"] == "true":
+            o["scheduler.decode_event_loop"] = rng.choice(["normal", "overlap"])
     else:
         o |= {"deployment.mode": "colocated", "deployment.prefill_tp": str(ptp), "deployment.decode_tp": str(ptp),
               "deployment.gpus": str(ptp), "hicache.decode": "true"}

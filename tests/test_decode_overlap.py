@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim.engine.decode_hicache import DecodeCacheEngine
+from sim.engine.decode_hicache import DecodeCacheEngine, format_decode_side
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
@@ -41,6 +41,8 @@ def test_overlap_loop_runs_every_request_with_one_ride_along_step_per_finish(nor
     assert r1.requests_completed == r1.requests_total == d1["requests"] == d0["requests"] > 0
     # a finished request rides in the next step: more steps, never more than one per request
     assert d0["steps"] < d1["steps"] <= d0["steps"] + d1["requests"]
+    assert d1["event_loop"] == "overlap" and "event_loop" not in d0
+    assert format_decode_side(d1)[0].endswith("steps (overlap loop)")
     # every request released: the pool holds what the normal loop's run leaves (the decode tree's pages)
     assert e1.decode.session.allocator.available_size() == e0.decode.session.allocator.available_size()
 

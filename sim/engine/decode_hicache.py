@@ -641,7 +641,8 @@ class DecodeCacheEngine(DecodeEngine):
         ``ownership_checks``; ``corrupted_reads`` (as ``EngineResult``'s); ``corrupted_rids``
         (sorted); ``output_tokens_clipped`` (only when non-zero: requests whose output the decode
         pool capped, :meth:`max_new_tokens`); ``transfer_pools`` (only when the PD transfer
-        leaves a pool out: the roles it sends).  The decode session's finished run (its verdicts:
+        leaves a pool out: the roles it sends); ``event_loop`` (only in the overlap loop:
+        ``"overlap"``).  The decode session's finished run (its verdicts:
         ``run.online.races.listed()`` names the latent races) stays in ``self.run``."""
         s = self.session
         s.wait_idle()
@@ -664,7 +665,9 @@ class DecodeCacheEngine(DecodeEngine):
             # only when the decode pool capped a request's output (so other results are unchanged)
             **({"output_tokens_clipped": self.counts["output_tokens_clipped"]}
                if self.counts["output_tokens_clipped"] else {}),
-            **({"transfer_pools": sorted(self.transfer_pools)} if self.transfer_pools is not None else {}))
+            **({"transfer_pools": sorted(self.transfer_pools)} if self.transfer_pools is not None else {}),
+            # only in the overlap loop (so the normal loop's results are unchanged)
+            **({"event_loop": "overlap"} if self.overlap else {}))
 
 
 def format_decode_side(d: dict | None) -> list[str]:
@@ -674,7 +677,7 @@ def format_decode_side(d: dict | None) -> list[str]:
         return []
     rows = [
         ("decode side", f"byte level, HiCache {'on' if d['hicache'] else 'off'}: {d['requests']} requests, "
-                        f"{d['steps']} steps"),
+                        f"{d['steps']} steps" + (" (overlap loop)" if d.get("event_loop") == "overlap" else "")),
         ("  corrupted requests", f"{d['requests_corrupted']}: {d['requests_raced']} raced, "
                                  f"{d['requests_wrong_kv']} read KV not theirs"),
         ("  reads", f"{d['reads_total']}: {d['stale_reads']} stale, {d['torn_reads']} torn, "
