@@ -6,6 +6,8 @@ transfer of a newly pre-allocated request into a freed page is then unordered wi
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim.engine.decode_hicache import DecodeCacheEngine, format_decode_side
 from sim.engine.engine import PrefillEngine
@@ -76,3 +78,27 @@ def test_decode_event_loop_is_checked():
                                                   "scheduler.decode_event_loop=overlap"])
     with pytest.raises(InputError, match="scheduler.decode_event_loop"):
         load_scenario("glm5-22811-small", base + ["scheduler.decode_event_loop=sometimes"])
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(outs=st.sampled_from([(1, 2), (2, 6), (4, 8)]), pool=st.sampled_from([1536, 3072]),
+       decode=st.sampled_from(["hicache.decode=true", "deployment.decode_bytes=true"]),
+       running=st.sampled_from([1, 2, 128]))
+def test_overlap_loop_ends_every_request_and_never_reads_a_slot_it_does_not_own(outs, pool, decode, running):
+    """Random short outputs (one-token outputs ride along at once), decode pools and batch caps:
+    every request completes (but those the prefill server aborts before its prefill: an input
+    that can never fit its pool), every step's ownership check passes (a slot of a running request
+    that is free, or shared with another running request, raises ``DecodeSideError``), and no
+    request is corrupt: the ride-along store lands before the next request's transfer in the
+    model; what a ride-along's read sees of that transfer (a stale read) makes no request
+    corrupt, its token being discarded."""
+    lo, hi = outs
+    e, r = run(f"workload.output_tokens_min={lo}", f"workload.output_tokens_max={hi}", decode,
+               f"scheduler.max_total_tokens={pool}", f"scheduler.max_running_requests={running}",
+               "scheduler.decode_event_loop=overlap", "run.duration_s=1.0")
+    d = r.decode
+    assert r.requests_completed + r.requests_aborted == r.requests_total
+    assert r.requests_completed == d["requests"] > 0 and d["restores_failed"] == 0
+    assert d["ownership_checks"] > 0
+    assert d["requests_corrupted"] == d["wrong_kv_reads"] == 0
+    assert not e.decode.running and e.decode.idle
