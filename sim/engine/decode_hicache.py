@@ -51,7 +51,9 @@ server does it (docs/engine.md, "Decode-side HiCache in SGLang 0.5.14"):
   the forward stream) before step ``k - 1``'s result is processed (its ``copy_done`` waited
   for, not the stream); a request step ``k - 1`` finished rides in step ``k`` (its KV stored one
   slot past its output, reserved at pre-allocation; its reads judged but attributed to no
-  request) and is released after step ``k``'s launch, while that store may be in flight.
+  request) and is released after step ``k``'s launch, while that store may be in flight.  A
+  step of this loop is issued layer by layer (each layer's store, its reads, its share of the
+  compute), since what lands in a freed page during the step now matters.
 
 NOTE: the decode session's clock follows the decode engine's (the session advances to each
 step's start; the step's ops then take the session's time, so the session may run slightly
@@ -525,9 +527,17 @@ class DecodeCacheEngine(DecodeEngine):
         return dur, done
 
     def _launch(self) -> tuple[int, float, list[DecodeReq]]:
-        """Issue one decode step of the running batch on the forward stream (the KV store of
-        each request's position ``context``, one read per pool role, the compute); returns the
-        step's number, its duration and the batch."""
+        """Issue one decode step of the running batch on the forward stream; returns the step's
+        number, its duration and the batch.  The normal loop: the KV store of each request's
+        position ``context`` (every layer), one read per pool role (every layer), the compute.
+        The overlap loop: layer by layer, as the GPU runs it, that layer's store, its read per
+        pool role owning the layer, and its share of the compute.
+
+        NOTE: in the normal loop nothing can land in the batch's slots during a step (each step
+        is waited for before anything is freed), so the step's layers are issued together (fewer
+        ops, the same bytes); in the overlap loop a page freed after the launch can be written by
+        the next request's transfer while the step still runs, and which of its layers' stores
+        come after that transfer decides whose KV the page keeps."""
         s = self.session
         ds = list(self.running.values())
         dur = self.steps.step_us([d.context for d in ds], self.step_count)
@@ -540,7 +550,14 @@ class DecodeCacheEngine(DecodeEngine):
             slots = d.sequence_slots()
             pairs.append((d, slots[d.context:d.context + 1], np.array([d.context], np.int64)))
         self._check_ownership(ds)
-        self._store(pairs, "forward")
+        by_layer = self.overlap
+        if by_layer:
+            store = self._next_store()
+            new_slots = np.concatenate([p[1] for p in pairs])
+            for d, sl, pos in pairs:
+                self._record_kv(d.req, sl, pos, store)
+        else:
+            self._store(pairs, "forward")
         made_for = {}
         entries = {role: {} for role in self.buffers}
         firsts = {role: {} for role in self.buffers}
@@ -562,22 +579,32 @@ class DecodeCacheEngine(DecodeEngine):
                 entries[role][d.req.rid] = ent
                 if first:
                     firsts[role][d.req.rid] = first
-        for role, (name, lay) in self.buffers.items():
-            ent = entries[role]
-            allent = unique_sorted(np.concatenate(list(ent.values()) + riding[role]))
-            pls = tuple(range(lay.layers))
-            st0, ln0 = read_ranges(lay, 0, allent)
-            starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
-                                    np.concatenate([ln0] * len(pls)))
-            op_id = f"dec{k}.all.{role}"
-            self.read_rids[op_id] = (ReadInfo(op_id, -1, "*", role, name, pls, False, starts, lens, ent,
-                                              firsts[role]), -1, made_for, 0)
-            self.counts["reads"] += 1
-            s.host.issue({"op": "read", "stream": "forward", "buffer": name, "id": op_id,
-                          "ranges": np.stack([starts, lens], axis=1).tolist()})
-        # jitter: false: the step model applied its keyed jitter already
-        s.host.issue({"op": "compute", "stream": "forward", "duration_us": dur, "jitter": False,
-                      "id": f"dec{k}.compute"})
+        allent = {role: unique_sorted(np.concatenate(list(entries[role].values()) + riding[role]))
+                  for role in self.buffers}
+        n_layers = s.device_pool.layer_num
+        for layer in (range(n_layers) if by_layer else (None,)):
+            if by_layer:
+                s.store_kv(new_slots, owner=pairs[0][0].req.rid, layers=[layer], version=store, stream="forward",
+                           sync=False)
+            for role, (name, lay) in self.buffers.items():
+                if by_layer:
+                    owners = s.model_layers_of(name)
+                    if layer not in owners:
+                        continue
+                    pls, op_id = (owners.index(layer),), f"dec{k}.L{layer}.{role}"
+                else:
+                    pls, op_id = tuple(range(lay.layers)), f"dec{k}.all.{role}"
+                st0, ln0 = read_ranges(lay, 0, allent[role])
+                starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
+                                        np.concatenate([ln0] * len(pls)))
+                self.read_rids[op_id] = (ReadInfo(op_id, -1, "*", role, name, pls, False, starts, lens,
+                                                  entries[role], firsts[role]), -1, made_for, 0)
+                self.counts["reads"] += 1
+                s.host.issue({"op": "read", "stream": "forward", "buffer": name, "id": op_id,
+                              "ranges": np.stack([starts, lens], axis=1).tolist()})
+            # jitter: false: the step model applied its keyed jitter already
+            s.host.issue({"op": "compute", "stream": "forward", "duration_us": dur / n_layers if by_layer else dur,
+                          "jitter": False, "id": f"dec{k}.L{layer}.compute" if by_layer else f"dec{k}.compute"})
         return k, dur, ds
 
     def _release(self, d: DecodeReq) -> None:
