@@ -82,7 +82,8 @@ def test_decode_event_loop_is_checked():
 
 
 #: one-token outputs (every request rides along once), one request running, a decode pool small
-#: enough that the freed page goes to the next request, whose transfer is short (a decode-tree hit leaves part of the input to send)
+#: enough that the freed page goes to the next request, whose transfer is short (a decode-tree
+#: hit leaves part of the input to send)
 RIDE = ["workload.output_tokens_min=1", "workload.output_tokens_max=2", "hicache.decode=true",
         "scheduler.max_total_tokens=1536", "scheduler.max_running_requests=1", "run.duration_s=1.0"]
 
