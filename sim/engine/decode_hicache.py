@@ -351,17 +351,24 @@ class DecodeCacheEngine(DecodeEngine):
     # NOTE: which unit holds which request's KV, compressed pools included: the prefill's
     _record_kv = PrefillEngine._record_kv
 
-    def _store(self, pairs: list[tuple[DecodeReq, np.ndarray, np.ndarray]], stream: str, roles=None) -> None:
-        """One store (one write per buffer of ``roles``, default every one, all its layers) of
-        ``pairs`` = (request, slots, positions), recorded in the KV oracle per request."""
+    def _store(self, pairs: list[tuple[DecodeReq, np.ndarray, np.ndarray]], stream: str, roles=None, *,
+               layers=None, store: int | None = None) -> int | None:
+        """One store (one write per buffer of ``roles``, default every one, of its ``layers``,
+        default all) of ``pairs`` = (request, slots, positions), recorded in the KV oracle per
+        request; returns its number.  ``store``: a store already recorded, whose writes of
+        further layers these are (the overlap loop's step writes one layer at a time)."""
         if roles is not None and not roles:
-            return
-        store = self._next_store()
+            return None
+        new = store is None
+        if new:
+            store = self._next_store()
         slots = np.concatenate([p[1] for p in pairs])
         self.session.store_kv(slots, owner=pairs[0][0].req.rid, version=store, stream=stream, sync=False,
-                              roles=roles)
-        for d, sl, pos in pairs:
-            self._record_kv(d.req, sl, pos, store, roles)
+                              roles=roles, layers=layers)
+        if new:
+            for d, sl, pos in pairs:
+                self._record_kv(d.req, sl, pos, store, roles)
+        return store
 
     def _land(self, d: DecodeReq) -> None:
         """The PD transfer of ``d`` has ended: its KV ``[decode_prefix_len, input)`` in its
@@ -551,13 +558,9 @@ class DecodeCacheEngine(DecodeEngine):
             pairs.append((d, slots[d.context:d.context + 1], np.array([d.context], np.int64)))
         self._check_ownership(ds)
         by_layer = self.overlap
-        if by_layer:
-            store = self._next_store()
-            new_slots = np.concatenate([p[1] for p in pairs])
-            for d, sl, pos in pairs:
-                self._record_kv(d.req, sl, pos, store)
-        else:
+        if not by_layer:
             self._store(pairs, "forward")
+        store = None
         made_for = {}
         entries = {role: {} for role in self.buffers}
         firsts = {role: {} for role in self.buffers}
@@ -584,8 +587,7 @@ class DecodeCacheEngine(DecodeEngine):
         n_layers = s.device_pool.layer_num
         for layer in (range(n_layers) if by_layer else (None,)):
             if by_layer:
-                s.store_kv(new_slots, owner=pairs[0][0].req.rid, layers=[layer], version=store, stream="forward",
-                           sync=False)
+                store = self._store(pairs, "forward", layers=[layer], store=store)
             for role, (name, lay) in self.buffers.items():
                 if by_layer:
                     owners = s.model_layers_of(name)
