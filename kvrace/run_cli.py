@@ -3,8 +3,9 @@
 ``kvrace run [SCENARIO|FILE] [--set k=v]... [--seed N] [--json PATH|-] [--export-races DIR]``
 prints a summary table (and a progress bar in simulated time on a terminal); ``--json``
 writes the metrics (docs/engine.md).  ``--export-races DIR`` writes, for each of the first
-``--export-limit`` corrupted reads, the window schedule around it (``sim.window.cut_window``),
-which ``kvrace schedule run`` and ``kvrace replay`` take unchanged.
+``--export-limit`` raced reads of each side (prefill, and a byte-level decode side), the window
+schedule around it (``sim.window.cut_window``), which ``kvrace schedule run`` and ``kvrace replay``
+take unchanged.
 
 ``kvrace signatures [MATRIX] [--scenario S] [--trials N] [--json PATH|-]`` runs the A/B matrix
 (default: the incident's) under every hypothesis and prints the corrupted fraction per cell
@@ -153,10 +154,12 @@ def race_window(run, report: dict, read_id: str) -> tuple[dict, bool]:
 
 def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path], list[dict]]:
     """Write the window schedule around each of the first ``limit`` raced (stale or torn)
-    reads of a finished ``engine`` run into ``directory``; returns the paths written and the
-    reads skipped (``{"op", "reason"}``).  (A ``wrong-kv`` read that did not race has no race
-    window: its bytes are wrong in every order, so the whole run, not a window, is its
-    witness.)
+    reads of a finished ``engine`` run (``keep="all"``) into ``directory``, on the prefill side
+    (``race_K_OP.json``) and, up to ``limit`` more, on a byte-level decode side
+    (``decode_race_K_OP.json``, cut from the decode session's run); returns the paths written
+    and the reads skipped (``{"op", "side", "reason"}``).  (A ``wrong-kv`` read that did not
+    race has no race window: its bytes are wrong in every order, so the whole run, not a
+    window, is its witness.)
 
     NOTE: a read whose window cannot be a schedule (its buffers hold more provenance segments
     at the window's start than a schedule's ``init`` may fill: ``MAX_INIT_FILLS``) is skipped
@@ -166,29 +169,38 @@ def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path],
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    run = engine.session.finish()
+    sides = [("prefill", "", engine.session.finish(), engine.report, result.corrupted_reads)]
+    dec = engine.decode
+    if getattr(dec, "report", None) is not None:       # a byte-level decode side, kept whole
+        sides.append(("decode", "decode_", dec.run, dec.report, result.decode["corrupted_reads"]))
     paths: list[Path] = []
     skipped: list[dict] = []
-    raced = [c for c in result.corrupted_reads if c["status"] in ("stale", "torn")]
-    for c in raced:
-        if len(paths) >= limit:
-            break
-        try:
-            doc, shown = race_window(run, engine.report, c["op"])
-        except InputError as e:
-            skipped.append({"op": c["op"], "reason": str(e)})
-            continue
-        k = len(paths)
-        doc["name"] = f"{result.scenario}_race_{k}"
-        doc["description"] = (f"Cut by `kvrace run --export-races` from {result.scenario} (seed {result.seed}): read "
-                              f"{c['op']} ({c['reader']}, layer {c['layer']}, consumer index {c['consumer_index']}) "
-                              f"of requests {c['requests']}, {c['status']}, with the ops it raced"
-                              + (" and the races on its bytes before it." if shown else
-                                 "; the race that decided its bytes lies before this window, whose initial "
-                                 "contents carry its outcome, so here the read is OK."))
-        p = out / f"race_{k}_{c['op']}.json"
-        p.write_text(json.dumps(doc, indent=1) + "\n")
-        paths.append(p)
+    for side, prefix, run, report, corrupted in sides:
+        k = 0
+        for c in corrupted:
+            if k >= limit:
+                break
+            if c["status"] not in ("stale", "torn"):
+                continue
+            try:
+                doc, shown = race_window(run, report, c["op"])
+            except InputError as e:
+                skipped.append({"op": c["op"], "side": side, "reason": str(e)})
+                continue
+            doc["name"] = f"{result.scenario}_{prefix}race_{k}"
+            reader = "the decode step" if c["reader"] == "*" else c["reader"]
+            layer = "every layer" if c["layer"] == -1 else f"layer {c['layer']}"
+            doc["description"] = (f"Cut by `kvrace run --export-races` from {result.scenario} (seed {result.seed}), "
+                                  f"{side} side: read {c['op']} ({reader}, {layer}, consumer index "
+                                  f"{c['consumer_index']}) of requests {c['requests']}, {c['status']}, with the ops "
+                                  "it raced"
+                                  + (" and the races on its bytes before it." if shown else
+                                     "; the race that decided its bytes lies before this window, whose initial "
+                                     "contents carry its outcome, so here the read is OK."))
+            p = out / f"{prefix}race_{k}_{c['op']}.json"
+            p.write_text(json.dumps(doc, indent=1) + "\n")
+            paths.append(p)
+            k += 1
     return paths, skipped
 
 
@@ -198,9 +210,9 @@ def _nothing_to_export(d: dict) -> str:
     if d["wrong_kv_reads"]:
         why.append(f"its {d['wrong_kv_reads']} wrong-KV reads are wrong in every order, so they have no race window")
     dec = d.get("decode")
-    if dec and dec["requests_corrupted"]:
-        why.append(f"the decode side's {len(dec['corrupted_reads'])} corrupted reads are not exported "
-                   "(--export-races covers the prefill session)")
+    if dec:
+        why.append("none on the decode side" + (f" (its {dec['wrong_kv_reads']} wrong-KV reads have no race window)"
+                                                if dec["wrong_kv_reads"] else ""))
     return "; ".join(why)
 
 
@@ -243,7 +255,7 @@ def _run(args) -> int:
         for p in doc.get("exported_races", []):
             print(f"exported: {p}  (kvrace schedule run {p}; kvrace replay {p})")
         for s in doc.get("exported_races_skipped", []):
-            print(f"not exported: {s['op']} ({s['reason']})")
+            print(f"not exported: {s['op']}, {s['side']} side ({s['reason']})")
         if args.export_races and not doc["exported_races"] and "exported_races_skipped" not in doc:
             print(f"nothing exported: {_nothing_to_export(d)}")
     kinds = {"corrupt": d["requests_corrupted"], "race": d["latent_races"], "oob": d["oob_writes"]}
@@ -335,8 +347,10 @@ def add_parser(sub, epilog: str) -> None:
     r.add_argument("--seed", type=int, default=None, help="seed (default the scenario's run.seed)")
     r.add_argument("--json", metavar="PATH|-", help="write the metrics as JSON (- for stdout: no table)")
     r.add_argument("--export-races", metavar="DIR",
-                   help="write a window schedule around each corrupted read (keeps the whole run in memory)")
-    r.add_argument("--export-limit", type=int_at_least(1), default=3, metavar="N", help="how many to export (3)")
+                   help="write a window schedule around each raced (stale or torn) read, prefill and byte-level "
+                        "decode side (keeps the whole run in memory)")
+    r.add_argument("--export-limit", type=int_at_least(1), default=3, metavar="N",
+                   help="how many to export per side (3)")
     r.add_argument("--fail-on", default=[], type=_fail_on,
                    help="exit 1 when any of corrupt,race,oob is found (default none: exit 0)")
     r.add_argument("--progress", choices=["auto", "always", "never"], default="auto",

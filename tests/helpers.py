@@ -132,9 +132,10 @@ def example_script(name: str):
     return mod
 
 
-def current_window_read(script: str):
-    """``(schedule, report, read)`` of the one-read window ``examples/<script>.py`` writes,
-    after checking the committed file is what the script makes today."""
+def current_window_read(script: str, op: str | None = None):
+    """``(schedule, report, read)`` of the window ``examples/<script>.py`` writes, after
+    checking the committed file is what the script makes today: ``read`` is the report entry
+    of read ``op``, or of the window's one read when ``op`` is None."""
     import json
 
     from sim.executor import run_schedule
@@ -145,5 +146,8 @@ def current_window_read(script: str):
     assert mod.main(["--check"]) == 0, f"run: python examples/{script}.py"
     s = validate(json.loads(mod.OUT.read_text()))
     rep = analyse(run_schedule(s, H200))
-    (read,) = rep["reads"]
+    if op is None:
+        (read,) = rep["reads"]
+    else:
+        read = next(e for e in rep["reads"] if e["op"] == op)
     return s, rep, read

@@ -58,9 +58,9 @@ def test_pages_freed_under_a_ride_along_store_race_the_transfer_only_in_the_over
     forward stream)."""
     assert normal[1].decode["latent_races"] == 0
     assert overlapped[1].decode["latent_races"] > 0
-    races = overlapped[0].decode.run.online.races.listed()
+    races = overlapped[0].decode.latent_races()
     # the ride-along step's KV store (forward) against the PD transfer's (the schedule stream)
-    assert any(r["streams"] == ("forward", "schedule") and r["kinds"] == ("write (write)", "write (write)")
+    assert any(tuple(r["streams"]) == ("forward", "schedule") and tuple(r["kinds"]) == ("write (write)", "write (write)")
                for r in races)
 
 

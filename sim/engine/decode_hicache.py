@@ -89,7 +89,8 @@ POLL_US = 50.0
 
 
 class DecodeSideError(KvraceError, RuntimeError):
-    """The decode side cannot go on (a request that can never fit its device pool)."""
+    """The decode side cannot go on (a request that can never fit its device pool), or was asked
+    for a result before it finished."""
 
 
 @dataclass
@@ -132,17 +133,20 @@ class DecodeReq:
 
 class DecodeCacheEngine(DecodeEngine):
     """The PD decode engine with byte-level pools (module doc).  ``session``: its own
-    :class:`CacheSession` (``keep="report"``); ``hicache``: decode-side HiCache (its tree);
-    ``lookup``: rid -> the :class:`Request` (its tokens).  ``finish()`` gives the decode
-    side's metrics (``EngineResult.decode``)."""
+    :class:`CacheSession`: with ``keep="report"`` each read is judged when the run captures it,
+    with ``keep="all"`` the whole run is kept and its reads are judged when it finishes (the
+    same verdicts; the kept run is what an exported race window is cut from);
+    ``hicache``: decode-side HiCache (its tree); ``lookup``: rid -> the :class:`Request` (its
+    tokens).  ``finish()`` gives the decode side's metrics (``EngineResult.decode``)."""
 
     # NOTE: a decode-side read is judged exactly as a prefill read (race verdict, requests hit,
     # index-K top-k, KV oracle): the prefill engine's methods, which use only the attributes
     # set below (session, buffers, oracles, ranks, read_rids, model, _tally); each read is judged
-    # at its capture (no sim.engine.layer_reads here)
+    # at its capture (no sim.engine.layer_reads here), or with keep="all" when the run finishes
     _layer_reads = None
     _on_read = PrefillEngine._on_read
     _judge = PrefillEngine._judge
+    _judge_run = PrefillEngine._judge_run
     _tally_read = PrefillEngine._tally_read
     _requests_hit = PrefillEngine._requests_hit
     _topk_changed = PrefillEngine._topk_changed
@@ -153,10 +157,9 @@ class DecodeCacheEngine(DecodeEngine):
                  overlap: bool = False):
         super().__init__(steps, max_running=max_running, transfer_gbps=transfer_gbps,
                          transfer=transfer, transfer_latency_us=transfer_latency_us)
-        if session.config.keep != "report":
-            raise InputError("session", "expected a keep='report' session (the decode side judges each read "
-                             "when the run captures it)")
         self.session = s = session
+        self.keep = session.config.keep
+        self.report: dict | None = None          # keep="all": the decode run's verdicts, once finished
         self.hicache = bool(hicache)
         # the overlap loop (scheduler.decode_event_loop): the step launched last, whose result
         # is processed after the next launch (its number, copy_done event and the requests it
@@ -196,7 +199,8 @@ class DecodeCacheEngine(DecodeEngine):
         self.ranks = 1
         self.oracles = [self.oracle]
         self._tally = _Tally(by_rank=[0])
-        s.set_read_sink(self._on_read, digests=False)
+        if self.keep == "report":
+            s.set_read_sink(self._on_read, digests=False)
         if self.oracle.incremental:
             s.watch_writes(self.oracle.written, [name for name, _ in self.buffers.values()])
 
@@ -599,8 +603,9 @@ class DecodeCacheEngine(DecodeEngine):
                 st0, ln0 = read_ranges(lay, 0, allent[role])
                 starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
                                         np.concatenate([ln0] * len(pls)))
-                self.read_rids[op_id] = (ReadInfo(op_id, -1, "*", role, name, pls, False, starts, lens,
-                                                  entries[role], firsts[role]), -1, made_for, 0)
+                # NOTE: reader "*": the whole step reads (no separate indexer); layer -1: every layer
+                self.read_rids[op_id] = (ReadInfo(op_id, layer if by_layer else -1, "*", role, name, pls, False,
+                                                  starts, lens, entries[role], firsts[role]), -1, made_for, 0)
                 self.counts["reads"] += 1
                 s.host.issue({"op": "read", "stream": "forward", "buffer": name, "id": op_id,
                               "ranges": np.stack([starts, lens], axis=1).tolist()})
@@ -671,20 +676,23 @@ class DecodeCacheEngine(DecodeEngine):
         (sorted); ``output_tokens_clipped`` (only when non-zero: requests whose output the decode
         pool capped, :meth:`max_new_tokens`); ``transfer_pools`` (only when the PD transfer
         leaves a pool out: the roles it sends); ``event_loop`` (only in the overlap loop:
-        ``"overlap"``).  The decode session's finished run (its verdicts:
-        ``run.online.races.listed()`` names the latent races) stays in ``self.run``."""
+        ``"overlap"``).  The decode session's finished run stays in ``self.run`` and, with
+        ``keep="all"``, its report in ``self.report``; :meth:`latent_races` lists the races."""
         s = self.session
         s.wait_idle()
         if self.hicache:
             self.cache.check_hicache_events()
         run = self.run = s.finish()
+        if self.keep == "all":
+            self.report = self._judge_run(run)
         t = self._tally
         rids = t.raced | t.wrong
         return dict(
             hicache=self.hicache, requests=self.counts["requests"], input_tokens=self.counts["input_tokens"],
             requests_corrupted=len(rids),
             requests_raced=len(t.raced), requests_wrong_kv=len(t.wrong), reads_total=t.reads, stale_reads=t.stale,
-            torn_reads=t.torn, wrong_kv_reads=t.wrong_reads, latent_races=run.online.races.total,
+            torn_reads=t.torn, wrong_kv_reads=t.wrong_reads,
+            latent_races=run.online.races.total if self.report is None else self.report["latent_races_total"],
             oob_writes=sum(o["side"] == "dst" for o in run.oob), load_backs=self.counts["load_backs"],
             load_back_tokens=self.counts["load_back_tokens"], backups=s.controller.writes_started,
             device_hit_tokens=self.counts["device_hit_tokens"], host_hit_tokens=self.counts["host_hit_tokens"],
@@ -697,6 +705,16 @@ class DecodeCacheEngine(DecodeEngine):
             **({"transfer_pools": sorted(self.transfer_pools)} if self.transfer_pools is not None else {}),
             # only in the overlap loop (so the normal loop's results are unchanged)
             **({"event_loop": "overlap"} if self.overlap else {}))
+
+
+    def latent_races(self) -> list[dict]:
+        """The finished decode run's latent races, every one (``finish`` first): with
+        ``keep="all"`` the report's ``latent_races`` entries (``ops``, ``kinds``, ``streams`` as
+        lists, the bytes described), with ``keep="report"`` the online verdicts' (``ids``,
+        ``kinds``, ``streams`` as tuples, no bytes described)."""
+        if self.run is None:
+            raise DecodeSideError("the decode side has not finished: call finish() (PrefillEngine.run does)")
+        return self.report["latent_races"] if self.report is not None else self.run.online.races.listed(None)
 
 
 def format_decode_side(d: dict | None) -> list[str]:

@@ -368,8 +368,10 @@ class PrefillEngine:
     verdict, the requests it hit, top-k, the KV oracle) when the run captures it (the oracle
     judges a per-layer forward's ``ok`` reads together, before any other read is judged and
     before a write into their layers: :mod:`sim.engine.layer_reads`) and then forgotten, so memory
-    follows the live state and what the result lists.  Both give the
-    same :class:`EngineResult` (``tests/test_engine_stream.py``)."""
+    follows the live state and what the result lists.  A byte-level decode side's session
+    keeps the same (its run and, with ``"all"``, its report: ``DecodeCacheEngine.run`` and
+    ``report``).  Both give the same :class:`EngineResult` (``tests/test_engine_stream.py``,
+    ``tests/test_decode_export.py``)."""
 
     def __init__(self, scenario: Scenario, seed: int | None = None, *, layers: int | None = None,
                  device_tokens: int | None = None, materialise: bool = False, keep: str = "all"):
@@ -1509,6 +1511,20 @@ class PrefillEngine:
                     if bad.any()}
         self._tally_read(op_id, status, info, consumer, rank, rids, kv_wrong, topk)
 
+    def _judge_run(self, run) -> dict:
+        """``keep="all"``: the finished ``run``'s verdicts (``sim.verdicts.analyse`` against its
+        happens-before-order reference, every race listed), each of its reads judged
+        (``_judge``) and the tally's read counts set; returns the report."""
+        ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)
+        rep = analyse(run, reference=ref, race_limit=None)
+        ref_reads = {r.op_id: r for r in ref.reads}
+        obs_reads = {r.op_id: r for r in run.reads}
+        for entry in rep["reads"]:
+            self._judge(entry["op"], entry["status"], obs_reads[entry["op"]], ref_reads[entry["op"]])
+        t = self._tally
+        t.reads, t.stale, t.torn = rep["reads_total"], rep["stale_reads"], rep["torn_reads"]
+        return rep
+
     def _tally_read(self, op_id: str, status: str, info, consumer: int, rank: int, rids: set, kv_wrong: set,
                     topk) -> None:
         """Add one judged read to the tally: ``rids`` the requests its race hit, ``kv_wrong``
@@ -1532,14 +1548,7 @@ class PrefillEngine:
             self._layer_reads.flush()
         t = self._tally
         if self.keep == "all":
-            ref = run_reference(run.schedule, materialise=run.memory.material is not None, table=run.memory.table)
-            rep = analyse(run, reference=ref, race_limit=None)
-            self.report = rep       # the verdicts of the run (sim.verdicts.analyse), e.g. for a trace
-            ref_reads = {r.op_id: r for r in ref.reads}
-            obs_reads = {r.op_id: r for r in run.reads}
-            for entry in rep["reads"]:
-                self._judge(entry["op"], entry["status"], obs_reads[entry["op"]], ref_reads[entry["op"]])
-            t.reads, t.stale, t.torn = rep["reads_total"], rep["stale_reads"], rep["torn_reads"]
+            rep = self.report = self._judge_run(run)   # e.g. for a trace or an exported window
             races, races_total = rep["latent_races"], rep["latent_races_total"]
             oob = len(rep["oob_writes"])
         else:
@@ -1578,8 +1587,9 @@ class PrefillEngine:
         """PD with ``hicache.decode``, ``deployment.decode_bytes`` or a transfer that leaves a
         pool out (``transfer_pools``, None: every pool): the decode engine at byte level on its
         own ``CacheSession`` (``sim.engine.decode_hicache``), same pool geometry and HiCache
-        settings as the prefill's (its tree used only with ``hicache.decode``), its verdicts
-        streamed (``keep="report"``)."""
+        settings as the prefill's (its tree used only with ``hicache.decode``) and the engine's
+        ``keep`` (``"all"``: the decode run is kept whole, so its raced reads can be cut into
+        windows; ``"report"``: its verdicts streamed)."""
         from sim.engine.decode_hicache import DecodeCacheEngine
 
         sc, cfg = self.scenario, self.config
@@ -1590,7 +1600,7 @@ class PrefillEngine:
             io_backend=sc.hicache.io_backend, write_policy=sc.hicache.write_policy,
             load_back_threshold=sc.hicache.load_back_threshold, overlap=sc.scheduler.overlap,
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
-            seed=self.seed, materialise=materialise, keep="report", digest=False,
+            seed=self.seed, materialise=materialise, keep=self.keep, digest=False,
             batch_events=len(_OVERLAP_EVENTS) if overlap else 0, **switches)
         # NOTE: the driver holds each request in flight until its turn completes, which is after
         # the decode side has finished with it
