@@ -204,6 +204,21 @@ def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path],
     return paths, skipped
 
 
+def write_engine_trace(args, engine) -> None:
+    """``--trace``: the prefill session's timeline, and a byte-level decode side's beside it
+    (``sim.trace.combined_trace``: processes ``prefill: ...`` and ``decode: ...``, one time
+    axis: the decode session follows the engine's clock)."""
+    dec = engine.decode
+    if getattr(dec, "report", None) is None:
+        write_run_trace(args, engine.session.finish(), engine.report)
+        return
+    if getattr(args, "trace", None):
+        from sim.trace import timeline, write_trace
+
+        write_trace(args.trace, [("prefill", timeline(engine.session.finish(), engine.report)),
+                                 ("decode", timeline(dec.run, dec.report))])
+
+
 def _nothing_to_export(d: dict) -> str:
     """Why ``--export-races`` wrote no window for the run ``d`` (``EngineResult.to_dict()``)."""
     why = ["no stale or torn read on the prefill side"]
@@ -249,7 +264,7 @@ def _run(args) -> int:
         if skipped:
             doc["exported_races_skipped"] = skipped
     if keep == "all":
-        write_run_trace(args, engine.session.finish(), engine.report)
+        write_engine_trace(args, engine)
     emit(doc, args.json, lambda _: format_run(d))
     if args.json != "-":
         for p in doc.get("exported_races", []):

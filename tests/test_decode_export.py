@@ -1,7 +1,8 @@
 """The byte-level decode side kept whole (``PrefillEngine(keep="all")``: its session's run and
-report) gives the streamed side's verdicts, and ``kvrace run --export-races`` cuts its raced
-reads into windows (``decode_race_K_OP.json``) that rerun as schedules with the read corrupt:
-the decode server's overlap-loop race, as a file ``kvrace replay`` takes."""
+report) gives the streamed side's verdicts, ``kvrace run --export-races`` cuts its raced reads
+into windows (``decode_race_K_OP.json``) that rerun as schedules with the read corrupt (the
+decode server's overlap-loop race, as a file ``kvrace replay`` takes), and ``--trace`` shows the
+decode session beside the prefill's."""
 from __future__ import annotations
 
 import json
@@ -56,7 +57,8 @@ def test_overlap_loop_reads_name_their_layer(kept):
 def test_decode_side_races_are_exported_and_rerun_corrupt(tmp_path, capsys):
     d = tmp_path / "races"
     rc = main(["run", "glm5-22811-small", *[a for kv in OVERLAP for a in ("--set", kv)], "--progress", "never",
-               "--export-races", str(d), "--export-limit", "2", "--json", str(tmp_path / "run.json")])
+               "--export-races", str(d), "--export-limit", "2", "--json", str(tmp_path / "run.json"),
+               "--trace", str(tmp_path / "trace.json")])
     doc = json.loads((tmp_path / "run.json").read_text())
     assert rc == 0
     paths = [Path(p) for p in doc["exported_races"]]
@@ -72,6 +74,13 @@ def test_decode_side_races_are_exported_and_rerun_corrupt(tmp_path, capsys):
         assert next(e["status"] for e in rep["reads"] if e["op"] == op) in ("stale", "torn")
     out = capsys.readouterr().out
     assert f"exported: {paths[0]}" in out
+    # the trace shows both sessions, the decode side's raced read marked in its part
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert [p["label"] for p in trace["otherData"]["parts"]] == ["prefill", "decode"]
+    procs = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert sorted(procs.values()) == ["decode: device", "decode: hosts", "prefill: device", "prefill: hosts"]
+    decode_pids = {pid for pid, name in procs.items() if name.startswith("decode")}
+    assert any(raced[0] in str(e.get("name", "")) and e["pid"] in decode_pids for e in trace["traceEvents"])
 
 
 def test_committed_decode_window_is_current_and_keeps_the_ride_along_race():
