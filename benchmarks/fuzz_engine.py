@@ -14,6 +14,12 @@ process with a timeout, and is classified:
 * ``BUG``: a traceback, a timeout, an error naming no key, a broken invariant, or a result
   for an input the fuzzer knows must be refused (an override drawn as invalid).
 
+``--export`` also reruns every OK case with ``--export-races D --export-limit 2`` (the whole
+run kept, ``keep="all"``, a byte-level decode side's included): its JSON must equal the streamed
+run's, wall time and the export's keys aside, and every exported window (``race_*.json``,
+``decode_race_*.json``) must rerun under ``kvrace schedule run``'s default profile with its read
+stale or torn (:func:`export_violations`); else the case is a ``BUG``.
+
 Usage::
 
     python benchmarks/fuzz_engine.py --cases 300 --seed 0 --jobs 2 --timeout 60 \
@@ -680,7 +686,41 @@ def user_key(key: str, case: Case) -> bool:
     return key.endswith(".toml") or ".jsonl" in key or key.startswith("scenario ")
 
 
-def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outcome:
+def export_violations(case: Case, d: dict, cmd: list[str], timeout: float, tmp: str) -> list[str]:
+    """``--export`` mode, an OK case: the same run with ``--export-races D --export-limit 2``
+    (the whole run kept, ``keep="all"``, the decode side's too) must give the streamed run's
+    JSON ``d`` (wall time and the export's keys aside), and every window it wrote must rerun
+    (``kvrace schedule run``'s path) with its read stale or torn."""
+    from sim.executor import run_schedule
+    from sim.profile import load_profile
+    from sim.schedule import load
+    from sim.verdicts import analyse
+
+    out = os.path.join(tmp, f"export_{case.index}")
+    try:
+        p = subprocess.run(cmd + ["--export-races", out, "--export-limit", "2"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": ROOT})
+    except subprocess.TimeoutExpired:
+        return ["the exporting run timed out"]
+    if p.returncode != 0 or "Traceback" in p.stderr:
+        return [f"the exporting run exited {p.returncode}: {p.stderr.strip()[-300:]}"]
+    kept = json.loads(p.stdout)
+    skip = {"wall_time_s", "exported_races", "exported_races_skipped"}
+    broken = [f"keep=all differs at {k}" for k in sorted(set(d) | set(kept)) if k not in skip
+              and d.get(k) != kept.get(k)]
+    # NOTE: under `kvrace schedule run`'s default profile (h200), as a user reruns the file
+    prof = load_profile("h200")
+    for path in kept.get("exported_races", []):
+        name = os.path.basename(path)
+        op = name.split("_", 3 if name.startswith("decode_") else 2)[-1][:-len(".json")]
+        rep = analyse(run_schedule(load(path), prof))
+        status = next((e["status"] for e in rep["reads"] if e["op"] == op), None)
+        if status not in ("stale", "torn"):
+            broken.append(f"exported window {os.path.basename(path)}: its read is {status}")
+    return broken
+
+
+def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None, export: bool = False) -> Outcome:
     tmp = tmp or tempfile.mkdtemp(prefix="kvfuzz")
     os.makedirs(tmp, exist_ok=True)
     with open(os.path.join(tmp, "bad_gate.toml"), "w") as f:
@@ -720,6 +760,10 @@ def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None) -> Outco
         broken = clean_violations(d)
         if broken:
             klass, symptom = "BUG", "expected clean (0.5.11, none, fence on): " + ", ".join(broken)
+    if klass == "OK" and export:
+        broken = export_violations(case, d, cmd, timeout, tmp)
+        if broken:
+            klass, symptom = "BUG", "export: " + "; ".join(broken)[:400]
     feats = features(d) if d else ()
     res = {k: v for k, v in d.items() if isinstance(v, (int, float, str))}
     if isinstance(d.get("decode"), dict):
@@ -766,6 +810,9 @@ def main(argv=None) -> int:
                          "hypothesis, checks runs expected clean, and every --pair-every'th case with TP >= 2 "
                          "on 1 and 2 simulated ranks (rank_agreement)")
     ap.add_argument("--pair-every", type=int, default=4)
+    ap.add_argument("--export", action="store_true",
+                    help="also run each OK case with --export-races (the whole run kept): its JSON must equal the "
+                         "streamed run's and every exported window must rerun with its read stale or torn")
     a = ap.parse_args(argv)
     tmp = tempfile.mkdtemp(prefix="kvfuzz")
     rng = random.Random(a.seed)
@@ -776,7 +823,7 @@ def main(argv=None) -> int:
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
     with ThreadPoolExecutor(a.jobs) as ex:
-        for o in ex.map(lambda c: run_case(c, a.timeout, tmp), cases):
+        for o in ex.map(lambda c: run_case(c, a.timeout, tmp, a.export), cases):
             outcomes.append(o)
             mark = "" if o.klass != "BUG" else f"  {o.symptom[:150]}"
             print(f"[{o.case.index:4d}] {o.klass:5s} {o.wall_s:5.1f}s {o.case.preset}{mark}", flush=True)
