@@ -14,6 +14,7 @@ from sim.engine.decode_hicache import DecodeCacheEngine, format_decode_side
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 from sim.errors import InputError
+from sim.profile import load_profile
 
 #: glm5 (dsa-v3.2) in PD at byte level, 2 layers, short outputs, a decode pool small enough that
 #: freed pages are reused at once
@@ -100,6 +101,35 @@ def test_a_late_layer_store_of_the_ride_along_overwrites_the_next_requests_trans
     assert d["requests_corrupted"] > 0
     assert d["requests_raced"] == d["requests_wrong_kv"] == d["requests_corrupted"]
     assert all(".L1." in c["op"] and c["status"] == "stale" for c in d["corrupted_reads"])
+
+
+def test_the_race_corrupts_only_while_the_transfer_lands_inside_the_ride_along_step(overlapped):
+    """``deployment.pd_transfer_latency_us``: a transfer that takes longer than the ride-along
+    step lands after its stores; the writes stay unordered (latent races) but none lands last
+    over the transfer, so nothing is corrupted.  The default (-1) is the profile's memcpy latency,
+    and ``pd_transfer_gbps = 0`` the profile's H2D rate: spelled out, the same run."""
+    d = overlapped[1].decode
+    assert d["requests_corrupted"] > 0
+    prof = load_profile(overlapped[0].scenario.deployment.profile)
+    _, same = run("scheduler.decode_event_loop=overlap", f"deployment.pd_transfer_latency_us={prof.memcpy_latency_us}",
+                  f"deployment.pd_transfer_gbps={prof.h2d_gbps}")
+    assert same.decode == d
+    _, late = run("scheduler.decode_event_loop=overlap", "deployment.pd_transfer_latency_us=1000")
+    assert late.decode["requests_corrupted"] == late.decode["stale_reads"] == 0
+    assert late.decode["latent_races"] > 0
+
+
+def test_pd_transfer_keys_are_checked():
+    base = ["deployment.mode=pd"]
+    for bad, key in (("deployment.pd_transfer_latency_us=-0.5", "pd_transfer_latency_us"),
+                     ("deployment.pd_transfer_latency_us=-2", "pd_transfer_latency_us"),
+                     ("deployment.pd_transfer_gbps=-1", "pd_transfer_gbps")):
+        with pytest.raises(InputError, match=f"deployment.{key}"):
+            load_scenario("glm5-22811-small", base + [bad])
+    with pytest.raises(InputError, match="deployment.pd_transfer_gbps") as e:
+        load_scenario("glm5-22811-small", ["deployment.mode=colocated", "deployment.decode_tp=4",
+                                           "deployment.pd_transfer_gbps=25"])
+    assert "colocated" in str(e.value)
 
 
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -425,10 +425,10 @@ class PrefillEngine:
         steps = DecodeStepModel(self.model, self.cost, self.options, sc.deployment.decode_tp)
         # PD: the KV crosses to the decode engine's GPUs first; colocated: it is already there
         self.decode = DecodeEngine(steps, max_running=sc.scheduler.max_running_requests,
-                                   transfer_gbps=profile.h2d_gbps if self.pd else 1.0,
+                                   transfer_gbps=self._pd_transfer_gbps(profile) if self.pd else 1.0,
                                    transfer=(transfer_size(self.model, self.options, self.page) if self.pd
                                              else TransferSize(0.0)),
-                                   transfer_latency_us=profile.memcpy_latency_us if self.pd else 0.0)
+                                   transfer_latency_us=self._pd_transfer_latency_us(profile) if self.pd else 0.0)
         # the pools the PD transfer sends (None: all); one left out is seen only by decode reads
         transfer = _left_out(roles, cfg.transfer_pools)
         if self.pd and (sc.hicache.decode or sc.deployment.decode_bytes or transfer is not None):
@@ -1604,11 +1604,22 @@ class PrefillEngine:
             batch_events=len(_OVERLAP_EVENTS) if overlap else 0, **switches)
         # NOTE: the driver holds each request in flight until its turn completes, which is after
         # the decode side has finished with it
-        return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests, transfer_gbps=profile.h2d_gbps,
+        return DecodeCacheEngine(steps, max_running=sc.scheduler.max_running_requests,
+                                 transfer_gbps=self._pd_transfer_gbps(profile),
                                  transfer=transfer_size(self.model, self.options, session.config.page_size),
-                                 transfer_latency_us=profile.memcpy_latency_us, session=session,
+                                 transfer_latency_us=self._pd_transfer_latency_us(profile), session=session,
                                  hicache=sc.hicache.decode, transfer_pools=transfer_pools,
                                  lookup=lambda rid: self.driver._in_flight[rid], overlap=overlap)
+
+    def _pd_transfer_gbps(self, profile) -> float:
+        """The PD KV transfer's rate: ``deployment.pd_transfer_gbps``, or the profile's H2D rate."""
+        return self.scenario.deployment.pd_transfer_gbps or profile.h2d_gbps
+
+    def _pd_transfer_latency_us(self, profile) -> float:
+        """The PD KV transfer's fixed time: ``deployment.pd_transfer_latency_us``, or (-1) the
+        profile's memcpy latency."""
+        t = self.scenario.deployment.pd_transfer_latency_us
+        return profile.memcpy_latency_us if t == -1 else t
 
     def _decode_side_result(self) -> dict | None:
         """The byte-level decode side's metrics (``DecodeCacheEngine.finish``), or None."""

@@ -112,12 +112,24 @@ class DeploymentSection(Section):
                                     "lands, each step's store and reads, judged as the prefill's) without "
                                     "decode-side HiCache, as SGLang's default decode server; false: in "
                                     "simulated time only (hicache.decode = true is byte level either way)")
+    pd_transfer_gbps: float = opt(0.0, "PD: the prefill -> decode KV transfer's rate in GB/s (the RDMA path "
+                                       "between the two engines' GPUs); 0: the profile's h2d_gbps", lo=0)
+    pd_transfer_latency_us: float = opt(-1.0, "PD: the fixed time of each KV transfer in microseconds (RDMA "
+                                              "setup and completion), before its bytes; -1: the profile's "
+                                              "memcpy_latency_us", lo=-1)
 
     def check(self, where: str) -> None:
         try:
             load_profile(self.profile)
         except InputError as e:
             raise InputError(f"{where}.profile", f"expected a loadable hardware profile: {e}") from None
+        if self.pd_transfer_latency_us < 0 and self.pd_transfer_latency_us != -1:
+            raise InputError(f"{where}.pd_transfer_latency_us", "expected -1 (the profile's memcpy_latency_us) or "
+                             f"a number >= 0, got {self.pd_transfer_latency_us}")
+        if self.mode == "colocated" and (self.pd_transfer_gbps != 0 or self.pd_transfer_latency_us != -1):
+            key = "pd_transfer_gbps" if self.pd_transfer_gbps != 0 else "pd_transfer_latency_us"
+            raise InputError(f"{where}.{key}", "expected its default in colocated mode (no PD transfer: the KV "
+                             "is on the engine's GPUs already)")
         if not 1 <= self.simulated_ranks <= self.prefill_tp:
             raise InputError(f"{where}.simulated_ranks", f"expected an integer in 1..{self.prefill_tp} (at most "
                              f"prefill_tp, the ranks of the prefill TP group), got {self.simulated_ranks}")
