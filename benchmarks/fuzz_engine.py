@@ -146,6 +146,11 @@ def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str
         ("hicache.prefill", rng.choice(["true", "false", "on", "0"]), False), ("hicache.prefill", "maybe", True),
         ("hicache.decode", rng.choice(["true", "false", "yes", "off"]), False), ("hicache.decode", "2", True),
         ("deployment.decode_bytes", rng.choice(["true", "false"]), False), ("deployment.decode_bytes", "2", True),
+        # (valid in PD only: must_refuse)
+        ("deployment.pd_transfer_gbps", rng.choice(["0", "12.5", "50"]), False),
+        ("deployment.pd_transfer_gbps", rng.choice(["-1", "inf"]), True),
+        ("deployment.pd_transfer_latency_us", rng.choice(["-1", "0", "20", "1000"]), False),
+        ("deployment.pd_transfer_latency_us", rng.choice(["-0.5", "-2", "x"]), True),
         ("hicache.page_size", rng.choice([str(ps), "1", "16", str(2 * ps)]), False),
         ("hicache.page_size", "0", True),
         ("hicache.ratio", rng.choice(["1", "1.0", "1.5", "2", "4", "1e1"]), False),
@@ -345,6 +350,7 @@ def draw_stress_case(rng: random.Random, index: int = 0) -> Case:
               "deployment.decode_bytes": rng.choice(["true", "false", "false"])}
         if o["hicache.decode"] == "true" or o["deployment.decode_bytes"] == "true":
             o["scheduler.decode_event_loop"] = rng.choice(["normal", "overlap"])
+        o["deployment.pd_transfer_latency_us"] = rng.choice(["-1", "-1", "0", "100", "1000"])
     else:
         ptp = rng.choice([1, 2, 4, 8])
         h = rng.choice(["true", "true", "false"])
@@ -618,6 +624,8 @@ def must_refuse(case: Case) -> list[str]:
         mtt = int(o["scheduler.max_total_tokens"]) if "scheduler.max_total_tokens" in o else None
         layers = int(o.get("run.layers", "0"))
         min_layers = 3 if fam == "deepseek-v4-flash" else 1
+        pd_keys = float(o.get("deployment.pd_transfer_gbps", "0")) != 0 or \
+            float(o.get("deployment.pd_transfer_latency_us", "-1")) != -1
     except (ValueError, KeyError):
         return []
     bad = []
@@ -629,6 +637,8 @@ def must_refuse(case: Case) -> list[str]:
         bad.append("deployment.*_tp (gpus)")
     if mode == "colocated" and (dtp != ptp or (ptp > 0 and gpus % ptp) or hp != hd):
         bad.append("deployment colocated")
+    if mode == "colocated" and pd_keys:
+        bad.append("deployment.pd_transfer_* (colocated)")
     if cps != -1 and cps < ps:
         bad.append("scheduler.chunked_prefill_size")
     if mtt is not None and (mtt % ps or mtt < 2 * ps):
