@@ -696,11 +696,13 @@ def user_key(key: str, case: Case) -> bool:
     return key.endswith(".toml") or ".jsonl" in key or key.startswith("scenario ")
 
 
-def export_violations(case: Case, d: dict, cmd: list[str], timeout: float, tmp: str) -> list[str]:
+def export_violations(case: Case, d: dict, cmd: list[str], timeout: float, tmp: str,
+                      checked: list | None = None) -> list[str]:
     """``--export`` mode, an OK case: the same run with ``--export-races D --export-limit 2``
     (the whole run kept, ``keep="all"``, the decode side's too) must give the streamed run's
     JSON ``d`` (wall time and the export's keys aside), and every window it wrote must rerun
-    (``kvrace schedule run``'s path) with its read stale or torn."""
+    (``kvrace schedule run``'s path) with its read stale or torn; the names of the windows
+    checked are appended to ``checked``."""
     from sim.executor import run_schedule
     from sim.profile import load_profile
     from sim.schedule import load
@@ -727,6 +729,8 @@ def export_violations(case: Case, d: dict, cmd: list[str], timeout: float, tmp: 
         status = next((e["status"] for e in rep["reads"] if e["op"] == op), None)
         if status not in ("stale", "torn"):
             broken.append(f"exported window {os.path.basename(path)}: its read is {status}")
+        if checked is not None:
+            checked.append(name)
     return broken
 
 
@@ -770,8 +774,9 @@ def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None, export: 
         broken = clean_violations(d)
         if broken:
             klass, symptom = "BUG", "expected clean (0.5.11, none, fence on): " + ", ".join(broken)
+    windows: list[str] = []
     if klass == "OK" and export:
-        broken = export_violations(case, d, cmd, timeout, tmp)
+        broken = export_violations(case, d, cmd, timeout, tmp, windows)
         if broken:
             klass, symptom = "BUG", "export: " + "; ".join(broken)[:400]
     feats = features(d) if d else ()
@@ -779,6 +784,8 @@ def run_case(case: Case, timeout: float = 60.0, tmp: str | None = None, export: 
     if isinstance(d.get("decode"), dict):
         res["decode"] = {k: v for k, v in d["decode"].items() if isinstance(v, (int, float, str))}
         res["decode"]["corrupted_rids"] = d["decode"].get("corrupted_rids", [])
+    if export:
+        res["exported_windows"] = windows
     res["corrupted_rids"] = sorted({q for r in d.get("corrupted_reads", []) for q in r.get("requests", [])})
     res["wrong_kv_rids"] = sorted({q for r in d.get("corrupted_reads", []) for q in r.get("wrong_kv_requests", [])})
     return Outcome(case, klass, symptom, rc, wall, err[-2000:] if klass == "BUG" else "", feats, res)
@@ -844,6 +851,10 @@ def main(argv=None) -> int:
         row = [sum(o.klass == c and o.case.preset == p for o in outcomes) for c in classes]
         print(f"{p:<18}" + "".join(f"{n:>7}" for n in row))
     print(f"{'all':<18}" + "".join(f"{sum(o.klass == c for o in outcomes):>7}" for c in classes))
+    if a.export:
+        names = [w for o in outcomes for w in o.result.get("exported_windows", [])]
+        print(f"exported windows rerun: {len(names)} ({sum(w.startswith('decode_') for w in names)} of the decode "
+              "side), each with its read stale or torn unless a BUG above says otherwise")
     feats: dict[str, int] = {}
     for o in outcomes:
         for f in o.features:
