@@ -706,7 +706,6 @@ class DecodeCacheEngine(DecodeEngine):
             # only in the overlap loop (so the normal loop's results are unchanged)
             **({"event_loop": "overlap"} if self.overlap else {}))
 
-
     def latent_races(self) -> list[dict]:
         """The finished decode run's latent races, every one (``finish`` first): with
         ``keep="all"`` the report's ``latent_races`` entries (``ops``, ``kinds``, ``streams`` as
