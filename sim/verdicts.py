@@ -66,28 +66,6 @@ def _describe_view(view, rel_off: int, nbytes: int, max_items=MAX_DESCRIBE) -> l
     return _describe(view.compact, rel_off, nbytes, view.offset, max_items)
 
 
-def _provenance_per_byte(view, keys: dict) -> tuple[np.ndarray, np.ndarray]:
-    """(origin key, stream offset) of every byte of a view; ``keys`` numbers the
-    origins (views of different runs have different origin tables)."""
-    p = view.compact.pieces(0, view.compact.nbytes)
-    ids = np.array([keys.setdefault(view.compact.table[int(i)], len(keys)) for i in p.origin_id],
-                   dtype=np.int64)
-    origin = np.repeat(ids, p.length)
-    stream = np.repeat(p.stream_offset - p.start, p.length) + np.arange(view.compact.nbytes)
-    return origin, stream
-
-
-def differing_bytes(vo, vr) -> np.ndarray:
-    """Per byte: does the observed view hold other bytes (by provenance) than the reference?
-
-    Provenance, not byte values, decides: two origins' pattern words share their
-    word-index bytes, so equal values can still be someone else's bytes."""
-    keys: dict = {}
-    oo, so = _provenance_per_byte(vo, keys)
-    orr, sr = _provenance_per_byte(vr, keys)
-    return (oo != orr) | (so != sr)
-
-
 def _indeterminate_masks(obs, ranges) -> list[np.ndarray]:
     """Per view of a read: which of its bytes lie in ``ranges`` (merged starts, ends)."""
     masks = []
@@ -143,11 +121,14 @@ def _small_runs(view, keys: dict | None) -> list | None:
     return [(s, keys.setdefault(table[o], len(keys)), f - s) for s, o, f in runs]
 
 
-def _differing_runs(vo, vr, ind) -> list[tuple[int, int, bool, bool]]:
+def differing_runs(vo, vr, ind=None) -> list[tuple[int, int, bool, bool]]:
     """A view and its reference cut into runs where either's provenance or the indeterminate
     mask ``ind`` (per byte, or None) changes: ``(start, length, whether the two differ there
     by provenance, whether it is determinate)`` per run, in order.  The provenance of each
-    side (``differing_bytes``) and the mask are constant on a run.
+    side (origin and stream offset of every byte) and the mask are constant on a run.
+
+    Provenance, not byte values, decides: two origins' pattern words share their word-index
+    bytes, so equal values can still be someone else's bytes.
 
     NOTE: a read's views are mostly a few segments each (a page or two): merged in plain
     Python, which is several times faster than the numpy path at that size."""
@@ -185,7 +166,7 @@ def _classify(obs, ref, unit_bytes: int, masks=None) -> tuple[str, dict | None, 
 
     A byte differs when its provenance (origin, stream offset) does; a buffer unit whose
     determinate bytes are both right and wrong is torn.  Decided on the runs of
-    ``_differing_runs`` (O(segments)), not byte by byte: two determinate runs next to each
+    ``differing_runs`` (O(segments)), not byte by byte: two determinate runs next to each
     other (indeterminate runs between them aside) share a unit exactly when the first one's
     last byte and the second one's first byte lie in one unit, and a unit holding right and
     wrong bytes holds such a pair (``tests/test_speed_classify.py`` compares it with the
@@ -196,7 +177,7 @@ def _classify(obs, ref, unit_bytes: int, masks=None) -> tuple[str, dict | None, 
     for i, (vo, vr) in enumerate(zip(obs.views, ref.views)):
         if _same_provenance(vo, vr):          # the common case, in O(segments)
             continue
-        runs = _differing_runs(vo, vr, None if masks is None else masks[i])
+        runs = differing_runs(vo, vr, None if masks is None else masks[i])
         bad = [(s, n) for s, n, wrong, det in runs if wrong and det]
         if not bad:
             continue

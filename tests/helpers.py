@@ -151,3 +151,24 @@ def current_window_read(script: str, op: str | None = None):
     else:
         read = next(e for e in rep["reads"] if e["op"] == op)
     return s, rep, read
+
+
+def provenance_per_byte(view, keys: dict):
+    """(origin key, stream offset) of every byte of a view (``keys`` numbers the origins: views
+    of different runs have different origin tables): the per-byte reference the verdicts'
+    run-based comparisons are tested against."""
+    import numpy as np
+
+    p = view.compact.pieces(0, view.compact.nbytes)
+    ids = np.array([keys.setdefault(view.compact.table[int(i)], len(keys)) for i in p.origin_id], dtype=np.int64)
+    origin = np.repeat(ids, p.length)
+    stream = np.repeat(p.stream_offset - p.start, p.length) + np.arange(view.compact.nbytes)
+    return origin, stream
+
+
+def differing_bytes(vo, vr):
+    """Per byte of a view: does it hold other bytes (by provenance) than the reference's?"""
+    keys: dict = {}
+    oo, so = provenance_per_byte(vo, keys)
+    orr, sr = provenance_per_byte(vr, keys)
+    return (oo != orr) | (so != sr)

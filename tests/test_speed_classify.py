@@ -11,7 +11,8 @@ from sim.bytes.compact import CompactBuffer, OriginTable
 from sim.bytes.pattern import Origin
 import sim.verdicts as verdicts
 from sim.memory import View
-from sim.verdicts import _classify, _describe_view, _provenance_per_byte
+from sim.verdicts import _classify, _describe_view
+from tests.helpers import provenance_per_byte
 
 def _classify_per_byte(obs, ref, unit_bytes, masks=None):
     """The per-byte classification (every byte's origin and stream offset compared)."""
@@ -19,8 +20,8 @@ def _classify_per_byte(obs, ref, unit_bytes, masks=None):
     masks = masks or [np.zeros(v.compact.nbytes, bool) for v in obs.views]
     for vo, vr, ind in zip(obs.views, ref.views, masks):
         keys: dict = {}
-        oo, so = _provenance_per_byte(vo, keys)
-        orr, sr = _provenance_per_byte(vr, keys)
+        oo, so = provenance_per_byte(vo, keys)
+        orr, sr = provenance_per_byte(vr, keys)
         diff = ((oo != orr) | (so != sr)) & ~ind
         if not diff.any():
             continue
@@ -88,7 +89,7 @@ def _case(seed: int):
 @pytest.mark.parametrize("path", ["python", "numpy"])
 @pytest.mark.parametrize("seed", range(120))
 def test_classify_by_segments_equals_per_byte(seed, path, monkeypatch):
-    """Both ways of cutting runs (``_differing_runs``: plain Python for views of a few segments
+    """Both ways of cutting runs (``differing_runs``: plain Python for views of a few segments
     without indeterminate bytes, numpy otherwise) give the per-byte classification."""
     if path == "numpy":
         monkeypatch.setattr(verdicts, "_small_runs", lambda view, keys: None)

@@ -76,7 +76,7 @@ from sim.engine.workload import Request, Workload, WorkloadDriver, output_tokens
 from sim.errors import InputError, KvraceError, show
 from sim.executor import run_reference
 from sim.profile import load_profile
-from sim.verdicts import analyse, differing_bytes
+from sim.verdicts import analyse, differing_runs
 
 __all__ = ["EngineError", "EngineResult", "OwnershipError", "PrefillEngine", "SESSION_MODELS",
            "dfs_weight_order", "reduced_model", "run_prefill_engine"]
@@ -1656,26 +1656,35 @@ class PrefillEngine:
         return False
 
     def _requests_hit(self, info, obs, ref) -> set[int]:
-        """Requests of the read whose entries' bytes hold a differing byte."""
-        bad = []
+        """Requests of the read whose entries' bytes hold a differing byte (by provenance).
+
+        NOTE: decided on the runs where the two views' provenance differs (``differing_runs``,
+        O(segments)) against each request's entry extents, not byte by byte: a raced read of a
+        long context (a decode step reads them all) is megabytes, and materialising each byte's
+        provenance was most of a byte-level decode run's time
+        (``tests/test_speed_requests_hit.py`` compares it with the per-byte check)."""
+        lo, hi = [], []
         for vo, vr in zip(obs.views, ref.views):
-            d = differing_bytes(vo, vr)
-            if d.any():
-                bad.append(vo.offset + np.flatnonzero(d))
-        if not bad:
+            for s, n, wrong, _ in differing_runs(vo, vr):
+                if wrong:
+                    lo.append(vo.offset + s)
+                    hi.append(vo.offset + s + n)
+        if not lo:
             return set()
-        bad_offs = np.concatenate(bad)
+        lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
         lay = self.buffers[info.role][1]
         out = set()
         for rid, ent in info.entries.items():
             for pl in info.pool_layers:
                 offs, lens = lay.token_extents(pl, ent)
                 starts, ends = offs.ravel(), (offs + lens).ravel()
-                order = np.argsort(starts)
-                starts, ends = starts[order], ends[order]
-                k = np.searchsorted(starts, bad_offs, side="right") - 1
-                inside = (k >= 0) & (bad_offs < ends[np.maximum(k, 0)])
-                if inside.any():
+                if not starts.size:
+                    continue
+                order = np.argsort(starts, kind="stable")
+                starts, reach = starts[order], np.maximum.accumulate(ends[order])
+                # the extents starting before each differing run's end: one reaching past its start meets it
+                k = np.searchsorted(starts, hi, side="left") - 1
+                if bool(((k >= 0) & (lo < reach[np.maximum(k, 0)])).any()):
                     out.add(rid)
                     break
         return out
