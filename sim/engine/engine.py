@@ -51,7 +51,7 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass, field
-from types import MappingProxyType, SimpleNamespace
+from types import MappingProxyType
 from typing import NamedTuple
 
 import numpy as np
@@ -66,8 +66,7 @@ from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, TransferSize, transfer_size
 from sim.engine.hypotheses import CONTROLLER_KEYS
 from sim.engine.forward import (
-    BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, coalesce, entry_bytes, issue_forward,
-    topk_verdict,
+    BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, entry_bytes, issue_forward, topk_verdict,
 )
 from sim.engine.models import ModelFamily, model as model_family
 from sim.engine.layer_reads import LayerReads
@@ -1641,22 +1640,17 @@ class PrefillEngine:
     def _topk_changed(self, info, obs, ref, rids) -> bool:
         """Does the indexer's top-k (``sim.engine.forward.topk_verdict``, the model's
         ``index_topk``) from the bytes read differ from the one from the happens-before-order
-        bytes, for any request in ``rids`` and pool layer of the read?
-
-        NOTE: only the request's own entries (their key field) are materialised, as extents of a
-        read of their own (``_entries_read``), not the whole read: a decode step's read holds every
-        running request's context (``tests/test_speed_requests_hit.py`` compares with the
-        whole read's bytes)."""
+        bytes, for any request in ``rids`` and pool layer of the read?"""
         lay = self.buffers["index_k"][1]
+        seen_b, right_b = self._read_bytes(obs, info), self._read_bytes(ref, info)
         field = "key" if "key" in [f.name for f in lay.effective_fields] else None
         for rid in sorted(rids):
             ent = info.entries.get(rid)
             if ent is None or not len(ent):
                 continue
             for pl in info.pool_layers:
-                sub = _entries_read(lay, ent, pl, field)
-                seen = entry_bytes(self._read_bytes(obs, sub), sub, lay, ent, pl, field)
-                right = entry_bytes(self._read_bytes(ref, sub), sub, lay, ent, pl, field)
+                seen = entry_bytes(seen_b, info, lay, ent, pl, field)
+                right = entry_bytes(right_b, info, lay, ent, pl, field)
                 if topk_verdict(seen, right, self.model.dims.index_topk, query_seed=rid).changed:
                     return True
         return False
@@ -1694,20 +1688,6 @@ class PrefillEngine:
                     out.add(rid)
                     break
         return out
-
-
-def _entries_read(layout, entries: np.ndarray, pool_layer: int, field_name: str | None) -> SimpleNamespace:
-    """The bytes of ``entries`` at ``pool_layer`` (every field, or ``field_name``'s) as a read of
-    their own: sorted, merged extents (``starts``, ``lengths``) and ``pool_layers``, what
-    ``_read_bytes`` and ``entry_bytes`` take.  Each extent lies inside one extent of a read
-    that covered the entries (a read's extents are merged, so bytes next to each other in it
-    are one extent), hence inside one of its views."""
-    offs, lens = layout.token_extents(pool_layer, np.asarray(entries, np.int64))
-    if field_name is not None:
-        j = [f.name for f in layout.effective_fields].index(field_name)
-        offs, lens = offs[:, j:j + 1], lens[:, j:j + 1]
-    starts, lengths = coalesce(offs, lens)
-    return SimpleNamespace(starts=starts, lengths=lengths, pool_layers=(pool_layer,))
 
 
 def run_prefill_engine(scenario, seed: int | None = None, *, overrides=(), layers: int | None = None,
