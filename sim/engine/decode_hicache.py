@@ -607,8 +607,10 @@ class DecodeCacheEngine(DecodeEngine):
                 self.read_rids[op_id] = (ReadInfo(op_id, layer if by_layer else -1, "*", role, name, pls, False,
                                                   starts, lens, entries[role], firsts[role]), -1, made_for, 0)
                 self.counts["reads"] += 1
+                # NOTE: ranges as an (n, 2) array, as the prefill's forward issues them (a list is
+                # parsed back into arrays: a decode step's read spans every running context)
                 s.host.issue({"op": "read", "stream": "forward", "buffer": name, "id": op_id,
-                              "ranges": np.stack([starts, lens], axis=1).tolist()})
+                              "ranges": np.stack([starts, lens], axis=1)})
             # jitter: false: the step model applied its keyed jitter already
             s.host.issue({"op": "compute", "stream": "forward", "duration_us": dur / n_layers if by_layer else dur,
                           "jitter": False, "id": f"dec{k}.L{layer}.compute" if by_layer else f"dec{k}.compute"})
