@@ -142,6 +142,22 @@ def test_advance_and_wait_idle_are_recorded_host_ops():
                                                                            ("host_sync", None)]
 
 
+def test_an_advance_longer_than_one_host_delay_is_recorded_as_several():
+    """A scheduler idle longer than one ``host_delay`` may last (``MAX_DURATION_US``: a long think
+    time or a slow Poisson arrival) is recorded as several delays, each valid, summing to it, and
+    the record re-runs; the error used to name an op the user never wrote."""
+    from sim.schedule import MAX_DURATION_US
+
+    s = CacheSession(SMALL)
+    s.advance(2.5 * MAX_DURATION_US)
+    assert s.now == 2.5 * MAX_DURATION_US
+    delays = [d["duration_us"] for d in s.record()["ops"] if d["op"] == "host_delay"]
+    assert delays == [MAX_DURATION_US, MAX_DURATION_US, 0.5 * MAX_DURATION_US]
+    validate(s.record())
+    with pytest.raises(InputError, match="us"):
+        s.advance(-1.0)
+
+
 def test_write_back_eviction_blocks_on_the_backup_inside_the_call():
     s = CacheSession(SMALL, write_policy="write_back")
     slots = s.allocator.alloc(16)

@@ -123,7 +123,9 @@ def test_pd_transfer_keys_are_checked():
     base = ["deployment.mode=pd"]
     for bad, key in (("deployment.pd_transfer_latency_us=-0.5", "pd_transfer_latency_us"),
                      ("deployment.pd_transfer_latency_us=-2", "pd_transfer_latency_us"),
-                     ("deployment.pd_transfer_gbps=-1", "pd_transfer_gbps")):
+                     ("deployment.pd_transfer_latency_us=1e15", "pd_transfer_latency_us"),
+                     ("deployment.pd_transfer_gbps=-1", "pd_transfer_gbps"),
+                     ("deployment.pd_transfer_gbps=1e-9", "pd_transfer_gbps")):
         with pytest.raises(InputError, match=f"deployment.{key}"):
             load_scenario("glm5-22811-small", base + [bad])
     with pytest.raises(InputError, match="deployment.pd_transfer_gbps") as e:

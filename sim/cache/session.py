@@ -30,6 +30,7 @@ same Snapshot (:meth:`finish` gives the run to compare).
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -50,7 +51,7 @@ from sim.pools.device import DEEPSEEK_V4_FLASH_LAYERS, deepseek_v4_flash_ratios
 from sim.pools.host import IO_BACKENDS, PARTIAL_PAGE_MODES
 from sim.pools.layouts import DSA_PAGE_SIZE, HOST_LAYOUTS, INDEX_HEAD_DIM, INDEX_SCALE_BYTES
 from sim.profile import load_profile
-from sim.schedule import ScheduleBuilder
+from sim.schedule import MAX_DURATION_US, ScheduleBuilder
 
 __all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "MODEL_ROLES", "SWITCH_MODELS", "STREAMS",
            "HOST", "BATCH_EVENT"]
@@ -409,9 +410,17 @@ class CacheSession:
         return out
 
     def advance(self, us: float) -> None:
-        """The scheduler does host work for ``us`` microseconds (a ``host_delay``)."""
+        """The scheduler does host work for ``us`` microseconds (a ``host_delay``; one longer
+        than a host delay may last, ``MAX_DURATION_US``, is recorded as several)."""
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or not math.isfinite(us) or us < 0:
+            raise InputError("us", f"expected a finite number of microseconds >= 0, got {show(us)}")
         self._open()
         self.settle()
+        # NOTE: an engine's idle stretch (a long think time, a slow Poisson arrival) can outlast one
+        # delay; split, the record stays a valid schedule and its time the same
+        while us > MAX_DURATION_US:
+            self._block(self.host.delay(MAX_DURATION_US))
+            us -= MAX_DURATION_US
         self._block(self.host.delay(us))
 
     def synchronize(self, *, event: str | None = None, stream: str | None = None) -> None:

@@ -96,6 +96,12 @@ class VariantSection(Section):
                              f"or a gate-map TOML file, got {show(self.gate_map)} ({e.message})") from None
 
 
+#: the PD transfer's bounds: a fixed time of at most a second, a rate of at least 10 MB/s (slower
+#: is no link between two engines' GPUs, and would stretch a run's transfers past its length)
+MAX_PD_LATENCY_US = 1e6
+MIN_PD_GBPS = 0.01
+
+
 @dataclass(frozen=True)
 class DeploymentSection(Section):
     SECTION: typing.ClassVar[str] = "deployment"
@@ -123,9 +129,12 @@ class DeploymentSection(Section):
             load_profile(self.profile)
         except InputError as e:
             raise InputError(f"{where}.profile", f"expected a loadable hardware profile: {e}") from None
-        if self.pd_transfer_latency_us < 0 and self.pd_transfer_latency_us != -1:
+        if self.pd_transfer_latency_us != -1 and not 0 <= self.pd_transfer_latency_us <= MAX_PD_LATENCY_US:
             raise InputError(f"{where}.pd_transfer_latency_us", "expected -1 (the profile's memcpy_latency_us) or "
-                             f"a number >= 0, got {self.pd_transfer_latency_us}")
+                             f"a number in 0..{MAX_PD_LATENCY_US:g} (a second), got {self.pd_transfer_latency_us}")
+        if self.pd_transfer_gbps != 0 and self.pd_transfer_gbps < MIN_PD_GBPS:
+            raise InputError(f"{where}.pd_transfer_gbps", f"expected 0 (the profile's h2d_gbps) or at least "
+                             f"{MIN_PD_GBPS:g} GB/s, got {self.pd_transfer_gbps}")
         if self.mode == "colocated" and (self.pd_transfer_gbps != 0 or self.pd_transfer_latency_us != -1):
             key = "pd_transfer_gbps" if self.pd_transfer_gbps != 0 else "pd_transfer_latency_us"
             raise InputError(f"{where}.{key}", "expected its default in colocated mode (no PD transfer: the KV "
