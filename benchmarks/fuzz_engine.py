@@ -190,7 +190,8 @@ def _mutations(rng: random.Random, family: str, tmp: str) -> list[tuple[str, str
         # (a slow arrival or a long think time: idle stretches longer than one host delay may last)
         ("workload.arrival_rate_per_s", rng.choice(["0.5", "100", "1e6", "1e-4"]), False),
         ("workload.arrival_rate_per_s", rng.choice(["0", "-1", "inf"]), True),
-        ("workload.think_time_s", rng.choice(["0", "0.1", "5", "3000"]), False), ("workload.think_time_s", "-0.1", True),
+        ("workload.think_time_s", rng.choice(["0", "0.1", "5", "3000"]), False),
+        ("workload.think_time_s", "-0.1", True),
         ("workload.system_prompt_tokens", rng.choice(["0", "1", "128"]), False),
         ("workload.system_prompt_tokens", "-1", True),
         ("workload.first_turn_tokens", rng.choice(["1", "4", "64", "1000"]), False),

@@ -61,8 +61,8 @@ def test_pages_freed_under_a_ride_along_store_race_the_transfer_only_in_the_over
     assert overlapped[1].decode["latent_races"] > 0
     races = overlapped[0].decode.latent_races()
     # the ride-along step's KV store (forward) against the PD transfer's (the schedule stream)
-    assert any(tuple(r["streams"]) == ("forward", "schedule") and tuple(r["kinds"]) == ("write (write)", "write (write)")
-               for r in races)
+    assert any(tuple(r["streams"]) == ("forward", "schedule")
+               and tuple(r["kinds"]) == ("write (write)", "write (write)") for r in races)
 
 
 def test_decode_event_loop_is_checked():
