@@ -14,8 +14,8 @@ from kvrace.cli import main
 from sim.engine.engine import PrefillEngine
 from sim.engine.scenario import load_scenario
 from sim.executor import run_schedule
-from sim.schedule import load
 from sim.replay import controlled_schedule
+from sim.schedule import load
 from sim.verdicts import analyse
 from tests.helpers import H200, current_window_read, example_script
 
