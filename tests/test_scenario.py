@@ -279,3 +279,21 @@ def test_digest_covers_a_gate_map_file(tmp_path):
     with pytest.raises(InputError) as e:
         load_scenario(42)
     assert e.value.where == "scenario"
+
+
+@pytest.mark.parametrize("preset,override,key", [
+    ("glm5-22811-small", "hicache.ratio=1e12", "hicache.ratio"),
+    ("glm5-22811-small", "hicache.ratio=1e300", "hicache.ratio"),
+    ("incident-repro", "hicache.ratio=1e12", "hicache.ratio"),          # DeepSeek V4's host pages
+    ("glm5-22811-small", "hicache.size_gb=2147483648", "hicache.size_gb"),
+    ("glm5-22811-small", "scheduler.max_total_tokens=2147483648", "scheduler.max_total_tokens"),
+])
+def test_pools_past_any_deployment_are_refused_naming_the_key(preset, override, key):
+    """A pool of billions of tokens is refused at the key that sized it (MAX_DEVICE_POOL_TOKENS,
+    MAX_HOST_POOL_TOKENS), before an array of that length is made: these gave a numpy
+    allocation traceback, or an error naming an internal layout (a boundary sweep of every
+    numeric key found them)."""
+    from sim.engine.engine import PrefillEngine
+
+    with pytest.raises(InputError, match=key.replace(".", r"\.")):
+        PrefillEngine(load_scenario(preset, ["run.layers=3", override]), 0, keep="report")

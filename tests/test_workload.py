@@ -305,3 +305,27 @@ def test_trace_errors_name_line_and_key(tmp_path, lines, where, match):
 def test_missing_trace_file(tmp_path):
     with pytest.raises(InputError, match="no trace file"):
         load_trace(str(tmp_path / "none.jsonl"))
+
+
+def test_a_concurrency_past_the_sessions_opens_them_at_once():
+    """``start`` opens sessions until the workload has no more (its count, or the run's end): a
+    concurrency far above the sessions does not loop over the slots left (it hung at 2**31)."""
+    from sim.engine.workload import MAX_CONCURRENCY
+
+    d = WorkloadDriver(Workload(small(concurrency=MAX_CONCURRENCY, sessions=4), seed=0))
+    assert len(d.start(0)) == 4 and d.sessions_started == 4
+
+
+def test_sizes_past_any_deployment_are_refused_naming_the_key():
+    from sim.engine.workload import MAX_CONCURRENCY, MAX_CONTEXT_TOKENS, MAX_SESSION_TURNS
+
+    for kw, key in ((dict(concurrency=MAX_CONCURRENCY + 1), "concurrency"),
+                    (dict(max_context_tokens=MAX_CONTEXT_TOKENS + 1), "max_context_tokens"),
+                    # turns of 2 tokens filling 2M tokens: a million turns a session, planned up front
+                    (dict(user_tokens_min=1, output_tokens_min=1, output_tokens_max=1,
+                          max_context_tokens=MAX_CONTEXT_TOKENS), "max_turns")):
+        with pytest.raises(InputError, match=f"workload.{key}"):
+            small(**kw)
+    # the turns bounded by max_turns instead: accepted
+    small(user_tokens_min=1, output_tokens_min=1, output_tokens_max=1, max_context_tokens=MAX_CONTEXT_TOKENS,
+          max_turns=MAX_SESSION_TURNS)

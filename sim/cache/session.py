@@ -47,7 +47,7 @@ from sim.pools import (
     DeepSeekV4TokenToKVPool, DSATokenToKVPool, HostPoolGroup, MLATokenToKVPool, MLATokenToKVPoolHost,
     PagedTokenToKVPoolAllocator, ReqToTokenPool, TokenToKVPoolAllocator, resolve_layout_io_compatibility,
 )
-from sim.pools.device import DEEPSEEK_V4_FLASH_LAYERS, deepseek_v4_flash_ratios
+from sim.pools.device import DEEPSEEK_V4_FLASH_LAYERS, MAX_DEVICE_POOL_TOKENS, deepseek_v4_flash_ratios
 from sim.pools.host import IO_BACKENDS, PARTIAL_PAGE_MODES
 from sim.pools.layouts import DSA_PAGE_SIZE, HOST_LAYOUTS, INDEX_HEAD_DIM, INDEX_SCALE_BYTES
 from sim.profile import load_profile
@@ -200,8 +200,10 @@ class SessionConfig:
         forced = MODEL_PAGE_SIZE[self.model]
         need(forced is None or self.page_size == forced, "page_size",
              f"{forced} for model {self.model!r} (SGLang forces it)")
-        need(is_int(self.device_tokens, 1) and self.device_tokens % self.page_size == 0, "device_tokens",
-             f"an integer >= 1 that is a multiple of page_size ({self.page_size})")
+        need(is_int(self.device_tokens, 1) and self.device_tokens % self.page_size == 0
+             and self.device_tokens <= MAX_DEVICE_POOL_TOKENS, "device_tokens",
+             f"an integer in 1..{MAX_DEVICE_POOL_TOKENS} (MAX_DEVICE_POOL_TOKENS) that is a multiple of page_size "
+             f"({self.page_size})")
         need(is_num(self.hicache_ratio) and self.hicache_ratio > 0, "hicache_ratio", "a number > 0")
         need(is_num(self.hicache_size), "hicache_size", "a number >= 0 (GB; 0: use hicache_ratio)")
         need(self.layout in HOST_LAYOUTS, "layout", f"one of {list(HOST_LAYOUTS)}")

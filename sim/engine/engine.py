@@ -138,7 +138,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 #: CacheSession input keys -> the scenario keys they come from (errors name the user's key)
 _SESSION_KEYS = {"config.layers": "run.layers", "hicache_size": "hicache.size_gb", "hicache_ratio": "hicache.ratio",
-                 "config.seed": "run.seed"}
+                 "config.seed": "run.seed", "config.device_tokens": "scheduler.max_total_tokens"}
 
 
 class EngineError(KvraceError, RuntimeError):

@@ -47,6 +47,7 @@ from sim.engine.models import MODEL_OPTIONS, model, model_names
 from sim.engine.workload import Section, Workload, WorkloadSpec, load_trace, opt
 from sim.errors import InputError, check_keys, show
 from sim.cache.controller import WRITE_POLICIES
+from sim.pools.device import MAX_DEVICE_POOL_TOKENS
 from sim.pools.host import IO_BACKENDS, resolve_layout_io_compatibility
 from sim.pools.layouts import HOST_LAYOUTS, INDEX_HEAD_DIM, INDEX_SCALE_BYTES
 from sim.profile import load_profile
@@ -191,7 +192,7 @@ class SchedulerSection(Section):
     max_running_requests: int = opt(128, "requests in a running batch at most", lo=1)
     max_prefill_tokens: int = opt(16384, "SGLang's --max-prefill-tokens: a prefill batch's new tokens (page-rounded) "
                                   "at most, its first request excepted", lo=1)
-    max_total_tokens: int = opt(1 << 20, "device KV pool size in tokens per engine", lo=1)
+    max_total_tokens: int = opt(1 << 20, "device KV pool size in tokens per engine", lo=1, hi=MAX_DEVICE_POOL_TOKENS)
     schedule_conservativeness: float = opt(1.0, "colocated: SGLang's --schedule-conservativeness (the new-token ratio "
                                            "admission reserves decode memory by starts at min(0.7 x this, 1))",
                                            lo=0, lo_open=True)

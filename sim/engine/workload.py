@@ -197,6 +197,13 @@ class Section:
 
 # ---------------------------------------------------------------- the workload's parameters
 
+#: bounds past any deployment: sessions in flight at once, a session's context in tokens (DeepSeek
+#: V4's is a million), and the turns a synthetic session is planned with (each planned up front)
+MAX_CONCURRENCY = 1 << 20
+MAX_CONTEXT_TOKENS = 1 << 21
+MAX_SESSION_TURNS = 100_000
+
+
 @dataclass(frozen=True)
 class WorkloadSpec(Section):
     """The workload section of a scenario (see the module doc for the semantics)."""
@@ -205,7 +212,7 @@ class WorkloadSpec(Section):
 
     kind: str = opt("synthetic", "synthetic multi-turn sessions, or a replayed trace", choices=("synthetic", "trace"))
     trace: str = opt("", "JSONL trace path (kind = trace)")
-    concurrency: int = opt(60, "sessions in flight at once", lo=1)
+    concurrency: int = opt(60, "sessions in flight at once", lo=1, hi=MAX_CONCURRENCY)
     sessions: int = opt(0, "sessions to run in all (0: until the run's duration)", lo=0)
     arrival: str = opt("closed", "closed: a finished session is replaced at once; poisson: sessions arrive "
                        "at arrival_rate_per_s", choices=("closed", "poisson"))
@@ -213,7 +220,8 @@ class WorkloadSpec(Section):
     think_time_s: float = opt(0.0, "mean think time between a turn's completion and the next turn", lo=0)
     system_prompt_tokens: int = opt(0, "tokens of a system prompt common to every session", lo=0)
     first_turn_tokens: int = opt(2048, "first turn's input (drawn in [0.75x, 1.25x])", lo=1)
-    max_context_tokens: int = opt(81920, "a session ends when its next turn could not fit", lo=1)
+    max_context_tokens: int = opt(81920, "a session ends when its next turn could not fit", lo=1,
+                                  hi=MAX_CONTEXT_TOKENS)
     max_turns: int = opt(0, "turns per session at most (0: no limit)", lo=0)
     user_tokens_min: int = opt(1024, "new user tokens per later turn, drawn uniformly", lo=1)
     user_tokens_max: int = opt(3072, "upper end of the new user tokens' range", lo=1)
@@ -239,6 +247,13 @@ class WorkloadSpec(Section):
              "max_context_tokens", "room for the largest first turn and its output "
              f"(>= 1.25 x first_turn_tokens + output_tokens_max = "
              f"{self.first_turn_tokens * 5 // 4 + self.output_tokens_max})")
+        # NOTE: a session's turns are planned when it opens; turns of the smallest draws could
+        # otherwise number a million (a context of 2M tokens in 2-token turns)
+        most = self.max_context_tokens // (self.user_tokens_min + self.output_tokens_min)
+        need(self.kind == "trace" or 0 < self.max_turns <= MAX_SESSION_TURNS or most <= MAX_SESSION_TURNS,
+             "max_turns", f"at most {MAX_SESSION_TURNS} turns a session (MAX_SESSION_TURNS): set max_turns, or "
+             f"larger user_tokens_min / output_tokens_min (turns of their sum fill max_context_tokens "
+             f"{most} times)")
 
 
 # ---------------------------------------------------------------- token ids
@@ -517,8 +532,9 @@ class WorkloadDriver:
         out = []
         for _ in range(self.workload.spec.concurrency):
             r = self._open_session(now_us)
-            if r is not None:
-                out.append(r)
+            if r is None:
+                break           # NOTE: no session opens later in this call either (closed, or all opened)
+            out.append(r)
         return out
 
     def complete(self, rid: int, now_us: int) -> list[Request]:

@@ -28,6 +28,7 @@ from sim.pools.layouts import (
 )
 
 __all__ = [
+    "MAX_DEVICE_POOL_TOKENS",
     "POOL_ROLE_OF_KIND",
     "DEEPSEEK_V4_FLASH_LAYERS",
     "deepseek_v4_flash_ratios",
@@ -48,6 +49,10 @@ POOL_ROLE_OF_KIND = MappingProxyType({
     "kv": "latent", "index_k": "index_k", "c4_indexer": "index_k", "index_k_bf16": "index_k",
     "swa": "swa", "c4": "c4", "c128": "c128",
 })
+
+#: the largest device pool the model builds, in tokens (a GPU's pool holds a few million; the
+#: allocator's free list and the request-to-token rows are arrays of this length)
+MAX_DEVICE_POOL_TOKENS = 1 << 26
 
 #: layers of DeepSeek V4-Flash (``sim.engine.models`` family ``deepseek-v4-flash``)
 DEEPSEEK_V4_FLASH_LAYERS = 43

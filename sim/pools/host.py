@@ -40,6 +40,7 @@ from sim.pools.layouts import (
 
 __all__ = [
     "HICACHE_HOST_MEMORY_RESERVE_BYTES",
+    "MAX_HOST_POOL_TOKENS",
     "WRITE_BACK_STAGING_PAGE_CHUNK",
     "IO_BACKENDS",
     "PARTIAL_PAGE_MODES",
@@ -60,6 +61,9 @@ __all__ = [
 
 #: pool_host/base.py: host RAM left free when sizing the pool
 HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 * (1024 ** 3)
+#: the largest host pool the model builds, in tokens (a host of a few TB holds tens of millions;
+#: the pool's free list and mappings are arrays of this length)
+MAX_HOST_POOL_TOKENS = 1 << 27
 #: memory_pool_host.py ``_WRITE_BACK_STAGING_PAGE_CHUNK``: pages per staged launch
 WRITE_BACK_STAGING_PAGE_CHUNK = 64
 IO_BACKENDS = ("kernel", "direct")
@@ -213,6 +217,7 @@ class HostKVCache(_FreeSlots, abc.ABC):
             self.size = int(host_size * 1e9 // self.size_per_token)
         else:
             self.size = int(device_pool.size * host_to_device_ratio)
+        _check_host_tokens(self.size, "hicache_size" if host_size > 0 else "hicache_ratio")
         self.page_num = self.size // self.page_size + 1
         self.size = self.page_num * self.page_size
         self.start_layer = device_pool.start_layer
@@ -565,7 +570,17 @@ def deepseek_v4_num_host_pages(size_full: int, page_size: int, hicache_ratio: fl
         raise InputError("hicache_size", "DeepSeek V4 HiCache currently does not support --hicache-size; "
                                          "use --hicache-ratio instead.")
     pages = -(-int(size_full) // int(page_size))
-    return max(int(pages * hicache_ratio), pages + 1)
+    out = max(int(pages * hicache_ratio), pages + 1)
+    _check_host_tokens(out * int(page_size), "hicache_ratio")
+    return out
+
+
+def _check_host_tokens(tokens: int, key: str) -> None:
+    """Refuse a host pool past ``MAX_HOST_POOL_TOKENS``, naming the input that sized it."""
+    if tokens > MAX_HOST_POOL_TOKENS:
+        got = f"{tokens:,}" if tokens < 10 ** 15 else f"{float(tokens):.3g}"
+        raise InputError(key, f"expected a host pool of at most {MAX_HOST_POOL_TOKENS:,} tokens "
+                              f"(MAX_HOST_POOL_TOKENS), got {got} tokens from it")
 
 
 class DeepSeekV4PagedHostPool(HostKVCache):
