@@ -20,6 +20,10 @@ run's, wall time and the export's keys aside, and every exported window (``race_
 ``decode_race_*.json``) must rerun under ``kvrace schedule run``'s default profile with its read
 stale or torn (:func:`export_violations`); else the case is a ``BUG``.
 
+``--boundaries`` runs, instead of drawn cases, every numeric scenario key at its lower bound and at
+huge values (:func:`boundary_cases`: three values a key on two presets), where the drawn cases'
+values stay near the presets' (sixteen of them were bugs until the sizes were bounded).
+
 Usage::
 
     python benchmarks/fuzz_engine.py --cases 300 --seed 0 --jobs 2 --timeout 60 \
@@ -51,7 +55,8 @@ from sim.engine.hypotheses import hypothesis_names  # noqa: E402
 from sim.engine.scenario import SCHEDULE_POLICIES  # noqa: E402
 from sim.profile import shipped_profiles  # noqa: E402
 
-__all__ = ["Case", "Outcome", "draw_case", "draw_stress_case", "run_case", "classify", "invariants", "main"]
+__all__ = ["Case", "Outcome", "draw_case", "draw_stress_case", "boundary_cases", "run_case", "classify", "invariants",
+           "main"]
 
 PRESETS = ("incident", "incident-short", "incident-repro", "glm5-22811", "glm5-22811-small")
 PAGE = {"deepseek-v4-flash": 256, "dsa-v3.2": 64}
@@ -394,6 +399,40 @@ def _jitter_profile(base: str, jitter_us: float) -> str:
         text = f.read()
     text = re.sub(r"(?m)^launch_jitter_us\s*=.*\n", "", text)
     return text.replace("[device]\n", f"[device]\nlaunch_jitter_us = {jitter_us}\n", 1)
+
+
+#: ``--boundaries``: the presets and small-run overrides each numeric key's extremes run on
+BOUNDARY_RUNS = {"glm5-22811-small": ["run.layers=2", "run.duration_s=0.5", "workload.sessions=4",
+                                      "workload.concurrency=2"],
+                 "incident-repro": ["run.duration_s=0.3", "workload.sessions=4", "workload.concurrency=2"]}
+
+
+def boundary_cases() -> list[Case]:
+    """Every numeric scenario key, one at a time, at its lower bound (an open one: 1e-300) and at
+    huge values (integers 2**31 and 2**62; floats 1e12 and 1e300), on each preset of
+    ``BOUNDARY_RUNS``: each must run or be refused naming a key, never a traceback or a hang.
+    Deterministic, so a run of it is a list of verdicts, not a sample."""
+    import dataclasses
+
+    from sim.engine.scenario import SECTIONS
+
+    cases: list[Case] = []
+    for name, cls in SECTIONS.items():
+        types = cls.field_types()
+        for f in dataclasses.fields(cls):
+            t, m = types[f.name], f.metadata
+            if t not in (int, float):
+                continue
+            key, lo = f"{name}.{f.name}", m.get("lo")
+            if t is int:
+                values = [str(0 if lo is None else lo), str(2 ** 31), str(2 ** 62)]
+            else:
+                values = ["1e-300" if m.get("lo_open") else str(0 if lo is None else lo), "1e12", "1e300"]
+            for preset, small in BOUNDARY_RUNS.items():
+                for v in values:
+                    over = [o for o in small if not o.startswith(key + "=")] + [f"{key}={v}"]
+                    cases.append(Case(len(cases), preset, over))
+    return cases
 
 
 def draw_evict_case(rng: random.Random, index: int = 0) -> Case:
@@ -829,6 +868,9 @@ def main(argv=None) -> int:
                          "hypothesis, checks runs expected clean, and every --pair-every'th case with TP >= 2 "
                          "on 1 and 2 simulated ranks (rank_agreement)")
     ap.add_argument("--pair-every", type=int, default=4)
+    ap.add_argument("--boundaries", action="store_true",
+                    help="instead of drawn cases, every numeric key at its lower bound and at huge values "
+                         "(boundary_cases; --cases, --seed and --first are ignored)")
     ap.add_argument("--export", action="store_true",
                     help="also run each OK case with --export-races (the whole run kept): its JSON must equal the "
                          "streamed run's and every exported window must rerun with its read stale or torn")
@@ -838,16 +880,18 @@ def main(argv=None) -> int:
     if a.evict:
         return _main_evict(a, rng, tmp)
     draw = (lambda r, i: draw_stress_case(r, i)) if a.stress else (lambda r, i: draw_case(r, i, tmp))
-    cases = [draw(rng, i) for i in range(a.first + a.cases)][a.first:]
+    cases = boundary_cases() if a.boundaries else [draw(rng, i) for i in range(a.first + a.cases)][a.first:]
     outcomes: list[Outcome] = []
     t0 = time.monotonic()
     with ThreadPoolExecutor(a.jobs) as ex:
         for o in ex.map(lambda c: run_case(c, a.timeout, tmp, a.export), cases):
             outcomes.append(o)
             mark = "" if o.klass != "BUG" else f"  {o.symptom[:150]}"
-            print(f"[{o.case.index:4d}] {o.klass:5s} {o.wall_s:5.1f}s {o.case.preset}{mark}", flush=True)
+            what = f" {o.case.overrides[-1]}" if a.boundaries else ""
+            print(f"[{o.case.index:4d}] {o.klass:5s} {o.wall_s:5.1f}s {o.case.preset}{what}{mark}", flush=True)
     classes = ("OK", "INPUT", "BUG")
-    print(f"\n{len(outcomes)} {'stress ' if a.stress else ''}cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
+    kind = "boundary " if a.boundaries else "stress " if a.stress else ""
+    print(f"\n{len(outcomes)} {kind}cases, seed {a.seed}, {time.monotonic() - t0:.0f} s")
     print(f"{'preset':<18}" + "".join(f"{c:>7}" for c in classes))
     for p in PRESETS:
         row = [sum(o.klass == c and o.case.preset == p for o in outcomes) for c in classes]

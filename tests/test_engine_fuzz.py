@@ -244,3 +244,28 @@ def test_a_negative_seed_names_seed(capsys):
     """`--seed -1` was refused naming the session's config.seed."""
     klass, key, _ = judged(capsys, "glm5-22811-small", ["run.layers=1"], invalid=["--seed"], extra=["--seed", "-1"])
     assert (klass, key) == ("INPUT", "--seed")
+
+
+def test_boundary_cases_take_every_numeric_key_to_its_extremes():
+    """``fuzz_engine.py --boundaries``: each numeric scenario key at its lower bound and two huge
+    values, on each preset, one key at a time (the drawn cases keep values near the presets')."""
+    import dataclasses
+
+    from sim.engine.scenario import SECTIONS
+
+    keys = {f"{n}.{f.name}" for n, cls in SECTIONS.items() for f in dataclasses.fields(cls)
+            if cls.field_types()[f.name] in (int, float)}
+    cases = fuzz_engine.boundary_cases()
+    assert len(cases) == 3 * len(fuzz_engine.BOUNDARY_RUNS) * len(keys)
+    assert {c.overrides[-1].partition("=")[0] for c in cases} == keys
+    assert "scheduler.max_total_tokens=4611686018427387904" in {c.overrides[-1] for c in cases}
+
+
+@pytest.mark.parametrize("override", ["scheduler.max_total_tokens=2147483648", "workload.concurrency=2147483648",
+                                      "hicache.ratio=1e300"])
+def test_boundary_regressions_are_refused_naming_their_key(override, capsys):
+    """Three of the sixteen cases the first boundary sweep found (a numpy allocation traceback, a
+    hang, an error naming an internal layout): each is now refused at the key the user wrote."""
+    case = fuzz_engine.Case(0, "glm5-22811-small", fuzz_engine.BOUNDARY_RUNS["glm5-22811-small"] + [override])
+    o = fuzz_engine.run_case(case, 60.0)
+    assert (o.klass, o.symptom) == ("INPUT", override.partition("=")[0])
