@@ -586,21 +586,23 @@ class DecodeCacheEngine(DecodeEngine):
                 entries[role][d.req.rid] = ent
                 if first:
                     firsts[role][d.req.rid] = first
-        allent = {role: unique_sorted(np.concatenate(list(entries[role].values()) + riding[role]))
-                  for role in self.buffers}
+        # the batch's entries of each pool, as byte ranges of its pool layer 0 (every layer's are
+        # these moved by whole layers): the same for every layer of the step
+        ranges0 = {role: read_ranges(lay, 0, unique_sorted(np.concatenate(list(entries[role].values()) + riding[role])))
+                   for role, (_, lay) in self.buffers.items()}
+        owners = {role: s.model_layers_of(name) for role, (name, _) in self.buffers.items()} if by_layer else None
         n_layers = s.device_pool.layer_num
         for layer in (range(n_layers) if by_layer else (None,)):
             if by_layer:
                 store = self._store(pairs, "forward", layers=[layer], store=store)
             for role, (name, lay) in self.buffers.items():
                 if by_layer:
-                    owners = s.model_layers_of(name)
-                    if layer not in owners:
+                    if layer not in owners[role]:
                         continue
-                    pls, op_id = (owners.index(layer),), f"dec{k}.L{layer}.{role}"
+                    pls, op_id = (owners[role].index(layer),), f"dec{k}.L{layer}.{role}"
                 else:
                     pls, op_id = tuple(range(lay.layers)), f"dec{k}.all.{role}"
-                st0, ln0 = read_ranges(lay, 0, allent[role])
+                st0, ln0 = ranges0[role]
                 starts, lens = coalesce(np.concatenate([st0 + np.int64(pl) * np.int64(lay.layer_bytes) for pl in pls]),
                                         np.concatenate([ln0] * len(pls)))
                 # NOTE: reader "*": the whole step reads (no separate indexer); layer -1: every layer
