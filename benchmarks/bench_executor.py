@@ -44,6 +44,7 @@ PAGES = 1                # pages per request per buffer
 DEVICE_PAGES = 64        # device pool pages: requests reuse them round-robin
 HOST_PAGES = 256
 RING = 3
+OPS_PER_REQUEST = 2 + 6 * LAYERS   # request_ops: a record and a wait, then per layer 2 copies, a record, 2 reads, a wait
 
 
 def header(n_requests: int) -> dict:
@@ -90,7 +91,7 @@ def request_ops(r: int, host_pages: int) -> list[dict]:
 
 
 def n_requests_for(n_ops: int) -> int:
-    return max(1, round(n_ops / (2 + 6 * LAYERS)))
+    return max(1, round(n_ops / OPS_PER_REQUEST))
 
 
 def static_doc(n_requests: int) -> dict:
@@ -121,7 +122,7 @@ def measure(mode: str, n_ops: int, keep: str = "all") -> dict:
     prof = load_profile("h200")
     n_req = n_requests_for(n_ops)
     if mode == "simpy":
-        return simpy_floor(n_req * (2 + 6 * LAYERS))
+        return simpy_floor(n_req * OPS_PER_REQUEST)
     doc = static_doc(n_req) if mode == "static" else None      # the input, made before the clock starts
     t0, c0 = time.perf_counter(), time.process_time()
     t_validate = None
@@ -140,7 +141,7 @@ def measure(mode: str, n_ops: int, keep: str = "all") -> dict:
     ops = run.n_ops
     # NOTE: a program's polls (query + delay) are ops of its recorded schedule; the request ops
     # alone, the static schedule's, show what a poll-free rate would be
-    request_ops = n_req * (2 + 6 * LAYERS)
+    request_ops = n_req * OPS_PER_REQUEST
     return {"mode": mode, "keep": keep, "ops": ops, "requests": n_req, "request_ops": request_ops,
             "request_ops_per_s_with_verdicts": round(request_ops / t_all),
             "validate_s": None if t_validate is None else round(t_validate, 2), "run_s": round(t_run, 2),

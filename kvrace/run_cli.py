@@ -170,8 +170,8 @@ def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path],
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     sides = [("prefill", "", engine.session.finish(), engine.report, result.corrupted_reads)]
-    dec = engine.decode
-    if getattr(dec, "report", None) is not None:       # a byte-level decode side, kept whole
+    dec = _decode_kept(engine)
+    if dec is not None:
         sides.append(("decode", "decode_", dec.run, dec.report, result.decode["corrupted_reads"]))
     paths: list[Path] = []
     skipped: list[dict] = []
@@ -204,12 +204,18 @@ def export_races(engine, result, directory, limit: int = 3) -> tuple[list[Path],
     return paths, skipped
 
 
+def _decode_kept(engine):
+    """The engine's byte-level decode side when its run was kept whole (``keep="all"``), else None."""
+    dec = engine.decode
+    return dec if getattr(dec, "report", None) is not None else None
+
+
 def write_engine_trace(args, engine) -> None:
     """``--trace``: the prefill session's timeline, and a byte-level decode side's beside it
     (``sim.trace.combined_trace``: processes ``prefill: ...`` and ``decode: ...``, one time
     axis: the decode session follows the engine's clock)."""
-    dec = engine.decode
-    if getattr(dec, "report", None) is None:
+    dec = _decode_kept(engine)
+    if dec is None:
         write_run_trace(args, engine.session.finish(), engine.report)
         return
     if getattr(args, "trace", None):
