@@ -49,7 +49,7 @@ mkdir -p /tmp/replays
     echo "== $CMD"
     $CMD; echo "exit $?"
   done
-  for f in examples/*.json; do
+  for f in examples/*.json examples/bugs/*.json; do
     CMD="python3 -m kvrace replay $f --provider sglang --mode controlled --profile $PROFILE --json /tmp/replays/controlled_$(basename "$f")"
     echo "== $CMD"
     $CMD; echo "exit $?"

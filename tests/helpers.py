@@ -119,6 +119,22 @@ def stream_static(s, profile, *, on_read=None, digests: bool = True, **kw):
     return run_static(ex, s)
 
 
+def example_files() -> list[str]:
+    """Every shipped schedule: ``examples/*.json`` and the bug pairs ``examples/bugs/*.json``
+    (paths relative to the repository root, where the tests run)."""
+    import glob
+
+    return sorted(glob.glob("examples/*.json")) + sorted(glob.glob("examples/bugs/*.json"))
+
+
+#: shipped schedules whose simulated interleaving controlled replay cannot force (``sim.replay``):
+#: two racing copies that overlap in time (their items' interleaving), or a copy that ran before
+#: a race partner issued ahead of it by another host before a barrier (an event wait would have
+#: to be issued before its record); a GPU replays them in free mode only
+CONTROLLED_REFUSED = ("examples/bugs/mamba_cow_before_load.json", "examples/bugs/pd_buffer_store_unsynced.json",
+                      "examples/bugs/pd_early_send.json")
+
+
 def example_script(name: str):
     """The module of ``examples/<name>.py`` (the scripts that regenerate the example files),
     loaded from its path: ``examples/`` is not a package."""

@@ -1,5 +1,4 @@
 """Controlled replay schedules force the simulator's interleaving (CPU-side checks)."""
-import glob
 import json
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from sim.hb import latent_races
 from sim.replay import ReplayError, controlled_schedule, plausible_words, possible_provenance
 from sim.schedule import load, validate
 from sim.verdicts import analyse
-from tests.helpers import profile
+from tests.helpers import CONTROLLED_REFUSED, example_files, profile
 from tests.strategies import schedules
 
 P = profile()
@@ -135,12 +134,16 @@ def test_free_mode_accepts_a_copy_that_reads_its_source_before_an_unordered_copy
     assert not plausible_words(d2_init, states).any()
 
 
-@pytest.mark.parametrize("path", sorted(glob.glob("examples/*.json")))
+@pytest.mark.parametrize("path", example_files())
 def test_controlled_schedule_of_every_example_builds_and_verifies(path):
     """Every example, those with named hosts too (a recorded CacheSession run declares only
     'scheduler'): added segments and forcing record/wait pairs are issued by a declared host,
     and the controlled schedule re-simulates to the same reads (``verify``)."""
     s = validate(json.load(open(path)))
     run = run_schedule(s, load_profile("h200"), torn=False)
+    if path in CONTROLLED_REFUSED:
+        with pytest.raises(ReplayError, match="cannot be forced"):
+            controlled_schedule(s, run)
+        return
     doc = controlled_schedule(s, run)
     assert set(validate(doc).hosts) == set(s.hosts)

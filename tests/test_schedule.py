@@ -94,9 +94,9 @@ def test_load_reports_missing_and_malformed_files(tmp_path):
 
 
 def test_examples_validate_and_roundtrip_digest():
-    import glob
+    from tests.helpers import example_files
 
-    files = sorted(glob.glob("examples/*.json"))
+    files = example_files()
     assert len(files) >= 3
     for f in files:
         s = load(f)
