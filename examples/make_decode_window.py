@@ -7,7 +7,8 @@ that step k-1 finished rides in step k, whose KV store writes one slot past its 
 are freed while that store may still be in flight, and the next request's PD transfer lands in
 them unordered with it.  The decode side's first raced read is cut as ``kvrace run
 --export-races`` cuts it (``kvrace.run_cli.race_window``); ``kvrace schedule run`` reports it
-stale, and ``kvrace replay --mode controlled`` takes it for a GPU replay (not run on a GPU yet).
+stale, and ``kvrace replay --mode controlled`` replays it byte-exact on a GPU (H100, SGLang's
+kernels and the builtin ones: results/session_2026-12-07_30/gpu_bugs_and_decode_window/).
 
     python examples/make_decode_window.py            # rewrites the JSON
     python examples/make_decode_window.py --check    # exit 1 if the file is out of date
