@@ -4,8 +4,9 @@
 schedule is forced into the order the simulator chose.  A copy that a read (or
 write) observed part-way is split at that item boundary into two copies of the
 same routine over the sliced indices; events are inserted so that the items the
-simulator had landed land before the read, and the rest start after it.  The
-result is itself a schedule, with no latent race left, so on a GPU it must give
+simulator had landed land before the read, and the rest start after it.  Two
+racing copies that overlapped in time are ordered the same way by when their
+items landed, where one of them is a single item.  The result is itself a schedule, with no latent race left, so on a GPU it must give
 exactly the bytes the simulator predicted for the original run with item-atomic
 landing (``torn=False``).  The transform checks that by simulating its own
 output.
@@ -63,8 +64,7 @@ def _forcings(s: Schedule, run: RunResult) -> list[Forced]:
             elif eb <= sa:
                 out.append(Forced(b.index, a.index, None))
             else:
-                raise ReplayError(f"copies {a.id} and {b.id} race and overlapped in time; "
-                                  "their item interleaving cannot be forced")
+                out.append(_overlapping_copies(a, b, run))
         elif a.op == "copy" or b.op == "copy":
             c, x = (a, b) if a.op == "copy" else (b, a)
             ends = run.item_end_us.get(c.id, np.zeros(0))
@@ -74,6 +74,27 @@ def _forcings(s: Schedule, run: RunResult) -> list[Forced]:
             first, second = sorted((a, b), key=lambda o: run.access_seq[o.id])
             out.append(Forced(first.index, second.index, None))
     return out
+
+
+def _overlapping_copies(a, b, run: RunResult) -> Forced:
+    """Two racing copies that overlapped in time, forced by when their items landed.
+
+    NOTE: in an item-atomic run a copy's item reads its source and writes its destination
+    when it lands, so the outcome is the order of the landings. Where one copy is a single
+    item, that order is "the other's items landed before it, then it, then the rest": a cut
+    like a read's. Two multi-item copies would need their items interleaved, and a landing at
+    the very instant of the single item's leaves the order to the tie: both are refused."""
+    ends = {c.id: run.item_end_us.get(c.id, np.zeros(0)) for c in (a, b)}
+    single = [c for c in (b, a) if ends[c.id].size == 1]
+    if single:
+        x = single[0]
+        c = a if x is b else b
+        t = ends[x.id][0]
+        k = int(np.searchsorted(ends[c.id], t, side="left"))
+        if not (k < ends[c.id].size and ends[c.id][k] == t):
+            return Forced(c.index, x.index, k)
+    raise ReplayError(f"copies {a.id} and {b.id} race and overlapped in time; "
+                      "their item interleaving cannot be forced")
 
 
 def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dict:

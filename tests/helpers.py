@@ -128,11 +128,9 @@ def example_files() -> list[str]:
 
 
 #: shipped schedules whose simulated interleaving controlled replay cannot force (``sim.replay``):
-#: two racing copies that overlap in time (their items' interleaving), or a copy that ran before
-#: a race partner issued ahead of it by another host before a barrier (an event wait would have
-#: to be issued before its record); a GPU replays them in free mode only
-CONTROLLED_REFUSED = ("examples/bugs/mamba_cow_before_load.json", "examples/bugs/pd_buffer_store_unsynced.json",
-                      "examples/bugs/pd_early_send.json")
+#: a copy that ran before a race partner issued ahead of it by another host before a barrier
+#: (an event wait would have to be issued before its record); a GPU replays them in free mode only
+CONTROLLED_REFUSED = ("examples/bugs/pd_buffer_store_unsynced.json", "examples/bugs/pd_early_send.json")
 
 
 def example_script(name: str):

@@ -17,8 +17,8 @@ from tests.strategies import schedules
 P = profile()
 
 
-def check_controlled(s, **kw):
-    run = run_schedule(s, P, torn=False, **kw)
+def check_controlled(s, prof=P, **kw):
+    run = run_schedule(s, prof, torn=False, **kw)
     doc = controlled_schedule(s, run)          # verifies itself; raises on failure
     cs = validate(doc)
     ref = {r.op_id: r.bytes() for r in run_reference(cs).reads}
@@ -65,6 +65,43 @@ def test_read_in_the_middle_splits_the_copy_at_the_observed_item():
     assert ids.index("cp#0-64") < ids.index("rd") < ids.index("cp#64-100")
     ref = {r.op_id: r.bytes() for r in run_reference(cs).reads}
     assert np.array_equal(ref["rd"], run.reads[0].bytes())
+
+
+def test_overlapping_copies_are_forced_by_when_their_items_landed():
+    """The deferred copy-on-write of examples/bugs/mamba_cow_before_load.json is one item over
+    every layer, running while the load copies layer after layer: in the item-atomic run it
+    lands after layers 0 and 1 and before layer 2 (the h200 profile), so the controlled schedule
+    runs it there."""
+    from tests.helpers import H200
+
+    s = load("examples/bugs/mamba_cow_before_load.json")
+    run, cs = check_controlled(s, H200)
+    cow = run.item_end_us["cow_whole_slot"][0]
+    landed = [l for l in range(4) if run.item_end_us[f"load_state_L{l}"][0] < cow]
+    assert 0 < len(landed) < 4                       # the race happened mid-load
+    ids = [op.id for op in cs.ops]
+    for l in range(4):
+        before = ids.index(f"load_state_L{l}") < ids.index("cow_whole_slot")
+        assert before == (l in landed), l
+    assert not latent_races(cs)
+
+
+def test_two_overlapping_multi_item_copies_are_refused():
+    from tests.helpers import schedule_doc
+
+    # H -> D on s0 and D -> D2 on s1, two items each, both starting at once
+    ops = [{"id": "load", "op": "copy", "stream": "s0", "routine": "kernel_per_layer", "src": "H", "dst": "D",
+            "args": {"layer": 0, "src_indices": [0, 1], "dst_indices": [0, 1]}},
+           {"id": "cow", "op": "copy", "stream": "s1", "routine": "kernel_per_layer", "src": "D", "dst": "D2",
+            "args": {"layer": 0, "src_indices": [0, 1], "dst_indices": [0, 1]}},
+           {"id": "rd", "op": "read", "stream": "s1", "buffer": "D2", "layer": 0, "units": [0, 1]}]
+    s = validate(schedule_doc(ops))
+    run = run_schedule(s, P, torn=False)
+    assert run.item_end_us["load"].size == run.item_end_us["cow"].size == 2
+    (sa, ea), (sb, eb) = run.timings["load"], run.timings["cow"]
+    assert sa < eb and sb < ea                       # they overlapped
+    with pytest.raises(ReplayError, match="overlapped in time"):
+        controlled_schedule(s, run)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
