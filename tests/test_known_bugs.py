@@ -74,3 +74,20 @@ def test_each_bug_is_in_the_catalogue_and_named_in_its_files():
         assert f"examples/bugs/{bug.slug}.json" in text and bug.reference in text.lower()
         number = bug.reference.split()[1]
         assert all(number in bug.build(fixed)["description"] for fixed in (False, True))
+
+
+@pytest.mark.parametrize("bug", MOD.BUGS, ids=lambda b: b.slug)
+def test_kvrace_mutate_finds_every_op_of_the_fix_necessary(bug):
+    """``kvrace mutate`` on a fixed file: removing any one op the fix added (a record, a wait,
+    a sync) opens a latent race again, so the mutant is detected: no op of a fix is idle."""
+    from sim.explore.mutate import mutate_schedule
+
+    before_ids = {op["id"] for op in bug.build(False)["ops"]}
+    added = {op["id"] for op in bug.build(True)["ops"]} - before_ids
+    rep = mutate_schedule(load(str(ROOT / "examples" / "bugs" / f"{bug.slug}_fixed.json")), trials=0,
+                          max_orders=2000)
+    by_removed = {r: m for m in rep.mutants for r in m.removed}
+    assert added and added <= set(by_removed)
+    for op_id in added:
+        m = by_removed[op_id]
+        assert m.latent_race and m.status == "detected", (op_id, m.status)
