@@ -6,7 +6,9 @@ write) observed part-way is split at that item boundary into two copies of the
 same routine over the sliced indices; events are inserted so that the items the
 simulator had landed land before the read, and the rest start after it.  Two
 racing copies that overlapped in time are ordered the same way by when their
-items landed, where one of them is a single item.  The result is itself a schedule, with no latent race left, so on a GPU it must give
+items landed, where one of them is a single item.  Host ops keep their place in
+the issue order, but a stream op may be issued after a barrier it was listed
+before.  The result is itself a schedule, with no latent race left, so on a GPU it must give
 exactly the bytes the simulator predicted for the original run with item-atomic
 landing (``torn=False``).  The transform checks that by simulating its own
 output.
@@ -210,9 +212,18 @@ def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dic
 
 def _issue_order(s: Schedule, new_ops, extra_edges) -> list[dict]:
     """Order new ops so every record precedes its waits, streams keep their order,
-    and host ops keep their place; refuse when that is impossible."""
+    and host ops keep their place, except that a stream op may be issued after a
+    barrier it was issued before; refuse when that is impossible.
+
+    NOTE: a barrier orders hosts, not GPU work: a stream op issued before it happens
+    before nothing on that account (``sim.hb``), so issuing it after the barrier drops
+    no edge; it only adds the edges of what the barrier's hosts knew, which the run
+    had anyway (each host op keeps its place). That is what lets a copy that another
+    host issued after a hand-over barrier run before an op listed ahead of the barrier
+    (the RDMA read of a PD chunk before the forward's store of it)."""
     g = nx.DiGraph()
     key_of = {}
+    d_of = {d["id"]: d for _, d in new_ops}
     for key, d in new_ops:
         g.add_node(d["id"])
         key_of[d["id"]] = key
@@ -230,10 +241,12 @@ def _issue_order(s: Schedule, new_ops, extra_edges) -> list[dict]:
         if d["op"] in ("wait", "host_sync", "host_query") and d.get("event") in record_of:
             g.add_edge(record_of[d["event"]], d["id"])
     g.add_edges_from(extra_edges)
+    is_stream = {d["id"]: d.get("stream") is not None for _, d in new_ops}
     for h in host_ops:
         hk = key_of[h][0]
+        barrier = d_of[h]["op"] == "barrier"
         for other, key in key_of.items():
-            if other != h and key[0] < hk:
+            if other != h and key[0] < hk and not (barrier and is_stream[other]):
                 g.add_edge(other, h)
             elif other != h and key[0] > hk:
                 g.add_edge(h, other)
@@ -242,7 +255,6 @@ def _issue_order(s: Schedule, new_ops, extra_edges) -> list[dict]:
     except nx.NetworkXUnfeasible:
         raise ReplayError("the simulated interleaving conflicts with the schedule's host syncs; "
                           "it cannot be forced") from None
-    d_of = {d["id"]: d for _, d in new_ops}
     return [d_of[i] for i in order]
 
 

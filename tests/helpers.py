@@ -127,12 +127,6 @@ def example_files() -> list[str]:
     return sorted(glob.glob("examples/*.json")) + sorted(glob.glob("examples/bugs/*.json"))
 
 
-#: shipped schedules whose simulated interleaving controlled replay cannot force (``sim.replay``):
-#: a copy that ran before a race partner issued ahead of it by another host before a barrier
-#: (an event wait would have to be issued before its record); a GPU replays them in free mode only
-CONTROLLED_REFUSED = ("examples/bugs/pd_buffer_store_unsynced.json", "examples/bugs/pd_early_send.json")
-
-
 def example_script(name: str):
     """The module of ``examples/<name>.py`` (the scripts that regenerate the example files),
     loaded from its path: ``examples/`` is not a package."""
