@@ -290,15 +290,100 @@ BUGS: tuple[Bug, ...] = (
 )
 
 
-def files() -> dict[Path, dict]:
-    """Every file of ``examples/bugs/`` with the document it must hold."""
-    return {OUT / f"{title(b.slug, fixed)}.json": b.build(fixed) for b in BUGS for fixed in (False, True)}
+# ---------------------------------------------------------------- a bug that costs time, not bytes
+
+class Stall(NamedTuple):
+    """A bug that delays ``delayed`` (an op id), with no race and no wrong byte: its copies
+    queue behind others on the link. It shows under the profile ``SUBMISSION_PROFILE``
+    (``link.sharing = "submission"``: the copy engine serves copies in issue order); the fix
+    moves ops, so the pair is compared by ``delayed``'s start."""
+    slug: str
+    reference: str
+    build: Callable[[bool], dict]
+    delayed: str
+
+
+#: the h200 profile with its link serving copies in issue order (written beside the files)
+SUBMISSION_PROFILE = OUT / "h200_submission.toml"
+PROFILES = Path(__file__).resolve().parent.parent / "sim" / "profiles"
+
+
+def submission_profile() -> str:
+    """``sim/profiles/h200.toml`` with ``link.sharing = "submission"`` and its own name."""
+    text = (PROFILES / "h200.toml").read_text()
+    head = ("# Written by examples/make_bug_examples.py: sim/profiles/h200.toml with its link serving copies in\n"
+            "# issue order (link.sharing = \"submission\"), for examples/bugs/prefill_stall_behind_load*.json.\n")
+    text = text.replace('name = "h200"\n', 'name = "h200-submission"\n', 1)
+    return head + text.replace("[link]\n", '[link]\nsharing = "submission"\n', 1)
+
+
+def prefill_stall_behind_load(fixed: bool) -> dict:
+    """SGLang #38448 (fix #38449, both open): ``get_new_batch_prefill`` starts the load-back
+    (``start_loading``) before ``prepare_for_extend``; the small H2D copies the forward needs
+    (``seq_lens``, ``input_ids``) are issued after the burst and wait for all of it."""
+    L = 8
+    meta = [{"id": f"h2d_{name}", "op": "copy", "stream": "schedule", "routine": "kernel_per_layer",
+             "src": "host_batch", "dst": "dev_batch", "args": {"layer": 0, "src_indices": span(i, 1),
+                                                              "dst_indices": span(i, 1)}}
+            for i, name in enumerate(("seq_lens", "input_ids"))]
+    ops = list(meta) if fixed else []
+    ops += [{"id": "start_event", "op": "record", "stream": "schedule", "event": "start_loading"},
+            {"id": "load_waits_start", "op": "wait", "stream": "load", "event": "start_loading"}]
+    for l in range(L):
+        ops += [copy(f"load_L{l}", "load", "host_kv", "dev_kv", l, span(0, 64), span(0, 64)),
+                {"id": f"layer{l}_loaded", "op": "record", "stream": "load", "event": f"layer{l}_loaded"}]
+    if not fixed:
+        ops += meta
+    ops += [{"id": "batch_ready", "op": "record", "stream": "schedule", "event": "batch_ready"},
+            {"id": "forward_waits_batch", "op": "wait", "stream": "forward", "event": "batch_ready"},
+            {"id": "first_kernel", "op": "compute", "stream": "forward", "duration_us": 5.0, "jitter": False}]
+    for l in range(L):
+        ops += [{"id": f"wait_until_L{l}", "op": "wait", "stream": "forward", "event": f"layer{l}_loaded"},
+                {"id": f"read_L{l}", "op": "read", "stream": "forward", "buffer": "dev_kv", "layer": l, "units": [0]}]
+    what = ("the fix: the batch's copies go on the schedule stream before start_loading records its event, "
+            "so they win by stream order" if fixed else
+            "the bug: they are issued after the burst")
+    return doc(title("prefill_stall_behind_load", fixed),
+               "SGLang #38448 / #38449 (HiCache prefill; time, not bytes): start_loading records start_event on "
+               "the schedule stream and the load stream submits a burst of 8 layer copies (256 KiB each); the "
+               "forward waits for the batch's small H2D copies (seq_lens, input_ids) on the schedule stream. "
+               f"Here {what}. Under a link that serves copies in issue order "
+               "(examples/bugs/h200_submission.toml) the bug's forward starts only after the whole burst; no "
+               "read is wrong and nothing races either way.",
+               [host("host_kv", L, 64, owner=4), device("dev_kv", L, 64),
+                host("host_batch", 1, 2, owner=4, kind="batch"), device("dev_batch", 1, 2, kind="batch")],
+               ["schedule", "load", "forward"], ["start_loading", "batch_ready"]
+               + [f"layer{l}_loaded" for l in range(L)], ops)
+
+
+STALLS: tuple[Stall, ...] = (
+    Stall("prefill_stall_behind_load", "sglang #38448", prefill_stall_behind_load, "first_kernel"),
+)
+
+
+def files() -> dict[Path, dict | str]:
+    """Every file of ``examples/bugs/`` with what it must hold (a document, or a profile's text)."""
+    out: dict[Path, dict | str] = {OUT / f"{title(b.slug, fixed)}.json": b.build(fixed)
+                                   for b in BUGS + STALLS for fixed in (False, True)}
+    out[SUBMISSION_PROFILE] = submission_profile()
+    return out
 
 
 def main(argv: list[str]) -> int:
     OUT.mkdir(exist_ok=True)
     check = "--check" in argv
-    return max(regenerate(d, path, Path(__file__).name, check) for path, d in files().items())
+    rc = 0
+    for path, content in files().items():
+        if isinstance(content, dict):
+            rc = max(rc, regenerate(content, path, Path(__file__).name, check))
+        elif check:
+            if not path.exists() or path.read_text() != content:
+                print(f"{path} is out of date: run python {Path(__file__).name}", file=sys.stderr)
+                rc = 1
+        else:
+            path.write_text(content)
+            print(f"wrote {path}")
+    return rc
 
 
 if __name__ == "__main__":

@@ -333,7 +333,8 @@ class LinkResource:
         self.users: list = []
         self._waiting: deque = deque()
 
-    def request(self) -> simpy.Event:
+    def request(self, order: int = 0) -> simpy.Event:
+        """Ask for the link (``order`` is for :class:`SubmissionLink`; unused here)."""
         ev = simpy.Event(self.env)
         self._waiting.append(ev)
         self._trigger_put(None)
@@ -357,12 +358,60 @@ class LinkResource:
             ev.succeed()
 
 
+class SubmissionLink:
+    """A link that serves copies in the order they were issued (``link.sharing =
+    "submission"``), as a copy engine runs the work submitted to it: when the link is free,
+    it goes to the waiting request of the lowest ``order`` (the copy's op index), chosen
+    once the instant holds nothing else (``GRANT_PRIORITY``), so that the next copy of a
+    burst, which asks the moment its stream's previous copy ends, still goes before a copy
+    issued after the burst that asked earlier (SGLang #38448).  One copy at a time."""
+
+    __slots__ = ("env", "users", "_waiting", "_granting", "_asked")
+
+    def __init__(self, env: simpy.Environment, capacity: int = 1):
+        self.env = env
+        self.users: list = []
+        self._waiting: list = []             # heap of (order, ask number, request event)
+        self._granting = False
+        self._asked = 0
+
+    def request(self, order: int = 0) -> simpy.Event:
+        ev = simpy.Event(self.env)
+        self._asked += 1
+        heapq.heappush(self._waiting, (order, self._asked, ev))
+        self._schedule_grant()
+        return ev
+
+    def release(self, request) -> None:
+        self.users.remove(request)
+        self._schedule_grant()
+
+    def _schedule_grant(self) -> None:
+        if self._granting or self.users or not self._waiting:
+            return
+        self._granting = True
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        ev.callbacks.append(self._grant)
+        self.env.schedule(ev, GRANT_PRIORITY)
+
+    def _grant(self, _event) -> None:
+        self._granting = False
+        if self._waiting and not self.users:
+            _, _, ev = heapq.heappop(self._waiting)
+            self.users.append(ev)
+            ev.succeed()
+
+
 KEEP_MODES = ("all", "report")
 #: same-instant orders a keep="report" run keeps (the first ones; all are counted)
 TIE_ORDER_LIMIT = 1000
 #: SimPy priority of a gate's release: after simpy.events.NORMAL (1) and URGENT (0), so it
 #: runs once the instant holds no other event
 GATE_PRIORITY = simpy.events.NORMAL + 1
+#: SimPy priority of a submission-order link's grant: after the gates, so every copy ready at
+#: this instant has asked
+GRANT_PRIORITY = GATE_PRIORITY + 1
 #: a program run forgets where stream ops ran once this many are held (see Executor._where)
 WHERE_PRUNE = 4096
 
@@ -685,7 +734,8 @@ class Executor:
         if self.p.link_sharing == "concurrent":
             key = None                               # copies on one link run at once
         if key is not None and key not in self._links:
-            self._links[key] = self.link_type(self.env, capacity=1)
+            kind = SubmissionLink if self.p.link_sharing == "submission" else self.link_type
+            self._links[key] = kind(self.env, capacity=1)
         return (self._links[key] if key is not None else None), self.p.link_timing(gbps)
 
     def _gate(self, op):
@@ -909,7 +959,7 @@ class Executor:
         link, timing = self._link(op)
         req = None
         if link is not None:
-            req = link.request()
+            req = link.request(op.index)
             yield req
         t0 = self._t0[op.id] = self.env.now
         c = self.clipped.pop(op.id)

@@ -34,9 +34,13 @@ _SCHEMA = {
 }
 # Optional keys (absent: the default, which is the model before they existed).
 #   link.sharing: "fifo" serves one copy per link (and direction) at a time, first come first
-#     served; "concurrent" lets copies on one link run at once, each at the link's rate (SM-driven
-#     copy kernels on different streams interleave their items on a GPU; the link's total rate is
-#     then over-counted, so use it to explore orders, not to predict durations).
+#     served; "submission" one at a time in issue order: when the link frees, the waiting copy
+#     issued first (a burst's next copy, ready the moment the one before it ends, goes before a
+#     copy issued after the burst that waited longer: a copy engine running the work submitted
+#     to it, SGLang #38448); "concurrent" lets copies on one link run at once, each at the link's
+#     rate (SM-driven copy kernels on different streams interleave their items on a GPU; the
+#     link's total rate is then over-counted, so use it to explore orders, not to predict
+#     durations).
 #   link.kernel_workers: "launch" runs a warp_quota kernel copy's items on the launch's warps (the
 #     sgl-kernel AOT shape); "sglang_jit" on SGLang's JIT hicache kernel's workers (256, 128 or 64
 #     items at once by element size; sim.transfers.timing), for a profile of SGLang's kernels;
@@ -59,7 +63,7 @@ _SCHEMA = {
 #     roofline_jitter_frac: sigma of the cost model's own multiplicative jitter, keyed by
 #       (seed, op) so a forward's per-layer durations sum to its one-step duration (0: use
 #       compute.jitter_frac; the forward's compute ops are issued with jitter false).
-_OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "concurrent")),
+_OPTIONAL = {"link": {"sharing": ("fifo", ("fifo", "submission", "concurrent")),
                       "kernel_workers": ("launch", ("launch", "sglang_jit", "builtin"))},
              "device": {"launch_jitter_us": (0.0, None)},
              "compute": {"peak_bf16_tflops": (0.0, None), "peak_fp8_tflops": (0.0, None),

@@ -195,3 +195,26 @@ def test_compute_jitter_false_takes_the_duration_as_given():
     assert run_schedule(alone, p, seed=3).timings["b"] == r.timings["b"] != (0.0, 100.0)
     with pytest.raises(Exception, match="jitter"):
         validate({**doc(False), "ops": [{"op": "compute", "stream": "s", "duration_us": 1, "jitter": 1}]})
+
+
+def _two_stream_copies():
+    # s0: a burst of two H2D copies; s1: one H2D copy issued after the burst
+    def cp(i, stream, unit):
+        return {"id": i, "op": "copy", "stream": stream, "routine": "kernel_per_layer", "src": "H", "dst": "D",
+                "args": {"layer": 0, "src_indices": [unit], "dst_indices": [unit]}}
+    return validate(schedule_doc([cp("a0", "s0", 0), cp("a1", "s0", 1), cp("b", "s1", 2)]))
+
+
+def test_a_submission_link_serves_the_copy_issued_first():
+    """``link.sharing = "submission"``: when a0 ends, a1 (ready at that instant) goes before b,
+    which has waited since the start but was issued later; first come, first served lets b in
+    between. One stream alone gives the same times either way."""
+    s = _two_stream_copies()
+    ends = {}
+    for sharing in ("fifo", "submission"):
+        run = run_schedule(s, profile(sharing=sharing))
+        ends[sharing] = {k: run.timings[k][1] for k in ("a0", "a1", "b")}
+    assert ends["fifo"]["b"] < ends["fifo"]["a1"]
+    assert ends["submission"]["a0"] < ends["submission"]["a1"] < ends["submission"]["b"]
+    one = validate(schedule_doc([op for op in _two_stream_copies().raw["ops"] if op["stream"] == "s0"]))
+    assert run_schedule(one, profile(sharing="fifo")).timings == run_schedule(one, profile(sharing="submission")).timings

@@ -35,7 +35,7 @@ def race_pairs(rep: dict) -> set[tuple[str, str]]:
 
 def test_committed_files_are_what_the_script_makes():
     assert MOD.main(["--check"]) == 0, "run: python examples/make_bug_examples.py"
-    on_disk = {Path(p).name for p in glob.glob(str(ROOT / "examples" / "bugs" / "*.json"))}
+    on_disk = {Path(p).name for p in glob.glob(str(ROOT / "examples" / "bugs" / "*"))}
     assert on_disk == {p.name for p in MOD.files()}, "a file in examples/bugs/ no bug makes"
 
 
@@ -68,9 +68,31 @@ def test_the_fix_only_adds_ops(bug):
     assert len(after["ops"]) > len(before["ops"])
 
 
+@pytest.mark.parametrize("stall", MOD.STALLS, ids=lambda b: b.slug)
+def test_the_stall_shows_when_the_link_serves_copies_in_issue_order(stall):
+    """The burst's copies are ``load_L*``. With the link serving copies in issue order the
+    bug's delayed op waits for the whole burst and the fix's for none of it past the first
+    copy; with the default first-come link the bug costs at most the one copy in flight.
+    Nothing races and no read differs, either way."""
+    def run(slug, profile):
+        rep = report(slug, profile)
+        assert rep["latent_races_total"] == 0 and not differing(rep) and not rep["unbound_waits"]
+        t = rep["timings_us"]
+        burst = sorted(v for k, v in t.items() if k.startswith("load_L"))
+        return t[stall.delayed][0], burst
+
+    submission = str(MOD.SUBMISSION_PROFILE)
+    start, burst = run(stall.slug, submission)
+    assert start >= burst[-1][1]                       # behind the whole burst
+    start, burst = run(f"{stall.slug}_fixed", submission)
+    assert start < burst[1][1]
+    start, burst = run(stall.slug, "h200")
+    assert start < burst[1][1]                         # first come, first served: one copy at most
+
+
 def test_each_bug_is_in_the_catalogue_and_named_in_its_files():
     text = (ROOT / "docs" / "bugs.md").read_text()
-    for bug in MOD.BUGS:
+    for bug in MOD.BUGS + MOD.STALLS:
         assert f"examples/bugs/{bug.slug}.json" in text and bug.reference in text.lower()
         number = bug.reference.split()[1]
         assert all(number in bug.build(fixed)["description"] for fixed in (False, True))
