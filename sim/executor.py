@@ -333,8 +333,7 @@ class LinkResource:
         self.users: list = []
         self._waiting: deque = deque()
 
-    def request(self, order: int = 0) -> simpy.Event:
-        """Ask for the link (``order`` is for :class:`SubmissionLink`; unused here)."""
+    def request(self) -> simpy.Event:
         ev = simpy.Event(self.env)
         self._waiting.append(ev)
         self._trigger_put(None)
@@ -959,7 +958,9 @@ class Executor:
         link, timing = self._link(op)
         req = None
         if link is not None:
-            req = link.request(op.index)
+            # NOTE: a submission-order link takes the copy's issue index; the others (simpy's
+            # Resource among them, in tests) take nothing
+            req = link.request(op.index) if type(link) is SubmissionLink else link.request()
             yield req
         t0 = self._t0[op.id] = self.env.now
         c = self.clipped.pop(op.id)
