@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import networkx as nx
 import numpy as np
 
-from sim.errors import KvraceError
+from sim.errors import InputError, KvraceError
 from sim.executor import RunResult, run_reference
 from sim.hb import HappensBefore, latent_races
 from sim.memory import Memory, clip_extents
@@ -205,8 +205,14 @@ def controlled_schedule(s: Schedule, run: RunResult, verify: bool = True) -> dic
     doc["description"] = f"Controlled replay of {s.name}: the simulator's interleaving forced with events."
     doc["events"] = events
     doc["ops"] = ordered
+    try:
+        cs = validate(doc)
+    except InputError as e:
+        # NOTE: a stream op moved past its host's barrier must also follow the other
+        # participants' barrier ops; an order that breaks that is refused, not returned
+        raise ReplayError(f"the simulated interleaving has no valid issue order ({e}); it cannot be forced") from None
     if verify:
-        _verify(s, run, doc)
+        _verify(s, run, cs)
     return doc
 
 
@@ -258,8 +264,7 @@ def _issue_order(s: Schedule, new_ops, extra_edges) -> list[dict]:
     return [d_of[i] for i in order]
 
 
-def _verify(s: Schedule, run: RunResult, doc: dict) -> None:
-    cs = validate(doc)
+def _verify(s: Schedule, run: RunResult, cs: Schedule) -> None:
     left = [r for r in latent_races(cs) if {cs.ops[r["a"].op].op, cs.ops[r["b"].op].op} & {"read", "write"}]
     if left:
         r = left[0]
