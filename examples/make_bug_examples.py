@@ -5,7 +5,9 @@ and streams the bug's thread describes, cut down to one or two requests and a fe
 ``SLUG.json`` is the order with the bug, ``SLUG_fixed.json`` the same ops with the fix's
 waits, records or syncs added (nothing else differs).  ``kvrace schedule run`` on the first
 reports the races and the reads named in :data:`BUGS` (stale or torn); on the second, none.
-``kvrace replay --mode controlled`` takes both to a GPU.
+``kvrace replay --mode controlled`` takes both to a GPU.  :data:`STALLS` are bugs that cost
+time, not bytes: their fix moves ops, and they show under the profile written beside them
+(``h200_submission.toml``, ``link.sharing = "submission"``).
 
 NOTE: the PD and LMCache transfers (``rdma``, ``nixl`` streams) are copies between two device
 buffers of device 0: the transfer engine's RDMA runs outside CUDA stream order, which a
@@ -41,14 +43,10 @@ class Bug(NamedTuple):
     at_risk: tuple[str, ...] = ()
 
 
-def device(name: str, layers: int, pages: int, kind: str = "kv", init_owner: int | None = None) -> dict:
-    b = {"name": name, "location": "device", "kind": kind,
-         "layout": {"kind": "paged", "name": f"rows_{PAGE_BYTES}", "layers": layers, "pages": pages,
-                    "page_bytes": PAGE_BYTES}}
-    if init_owner is not None:
-        b["init"] = [{"layers": "all", "indices": {"start": 0, "count": pages}, "owner": init_owner,
-                      "version": 1, "first_unit": 0}]
-    return b
+def device(name: str, layers: int, pages: int, kind: str = "kv") -> dict:
+    return {"name": name, "location": "device", "kind": kind,
+            "layout": {"kind": "paged", "name": f"rows_{PAGE_BYTES}", "layers": layers, "pages": pages,
+                       "page_bytes": PAGE_BYTES}}
 
 
 def host(name: str, layers: int, units: int, owner: int | None = None, kind: str = "kv") -> dict:
