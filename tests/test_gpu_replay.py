@@ -2,15 +2,14 @@
 only bytes the simulator deems possible.
 
 Run with ``pytest -m gpu tests/test_gpu_replay.py``; skipped without torch or CUDA.
-* every schedule in examples/ and examples/bugs/ with each provider that supports its routine (C4 example: the guard
-  catches exactly the predicted out-of-bounds bytes);
+* every schedule in examples/ and examples/bugs/ with each provider that supports its routine
+  (C4 example: the guard catches exactly the predicted out-of-bounds bytes);
 * 200 Hypothesis schedules (plain and synchronised) with builtin and torch on 64 B units, and with
   all three providers on the same schedule with 128 B units (the SGLang JIT kernels take items
   that are a multiple of 128 B);
 * a free replay of the minimal race, 50 trials per provider: every word plausible.
 """
 from __future__ import annotations
-
 
 import numpy as np
 import pytest

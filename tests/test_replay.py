@@ -127,7 +127,8 @@ def test_controlled_schedule_reproduces_any_simulated_interleaving(doc, seed):
     try:
         check_controlled(s, ties=TieBreak("seeded", seed=seed))
     except ReplayError as e:
-        # only two racing copies that overlapped in time may be refused
+        # refused only for what events cannot force: overlapping multi-item copies, an order
+        # against a host sync, or one the schedule format cannot issue
         assert any(m in str(e) for m in ("overlapped in time", "host syncs", "no valid issue order")), str(e)
 
 
