@@ -247,12 +247,11 @@ def _issue_order(s: Schedule, new_ops, extra_edges) -> list[dict]:
         if d["op"] in ("wait", "host_sync", "host_query") and d.get("event") in record_of:
             g.add_edge(record_of[d["event"]], d["id"])
     g.add_edges_from(extra_edges)
-    is_stream = {d["id"]: d.get("stream") is not None for _, d in new_ops}
     for h in host_ops:
         hk = key_of[h][0]
         barrier = d_of[h]["op"] == "barrier"
         for other, key in key_of.items():
-            if other != h and key[0] < hk and not (barrier and is_stream[other]):
+            if other != h and key[0] < hk and not (barrier and d_of[other].get("stream") is not None):
                 g.add_edge(other, h)
             elif other != h and key[0] > hk:
                 g.add_edge(h, other)
