@@ -370,19 +370,7 @@ def files() -> dict[Path, dict | str]:
 def main(argv: list[str]) -> int:
     OUT.mkdir(exist_ok=True)
     check = "--check" in argv
-    rc = 0
-    for path, content in files().items():
-        if isinstance(content, dict):
-            rc = max(rc, regenerate(content, path, Path(__file__).name, check))
-        elif check:
-            if not path.exists() or path.read_text() != content:
-                print(f"{path} is out of date: run python {Path(__file__).name}", file=sys.stderr)
-                rc = 1
-        else:
-            path.write_text(content)
-            print(f"wrote {path}")
-    return rc
-
+    return max(regenerate(content, path, Path(__file__).name, check) for path, content in files().items())
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -65,16 +65,17 @@ def emit(rep: dict, json_path: str | None, text, default=None) -> None:
         print(text(rep))
 
 
-def regenerate(doc: dict, path: Path, script: str, check: bool) -> int:
-    """Write a generated schedule ``doc`` to ``path`` (sorted keys, one-space indent), or with
-    ``check`` only say whether the committed file is what ``script`` makes today (0 yes, 1 no):
-    how the generated files under ``examples/`` stay current."""
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+def regenerate(doc: dict | str, path: Path, script: str, check: bool) -> int:
+    """Write a generated schedule ``doc`` to ``path`` (sorted keys, one-space indent; a str, such
+    as a profile written beside the schedules, as it is), or with ``check`` only say whether the
+    committed file is what ``script`` makes today (0 yes, 1 no): how the generated files under
+    ``examples/`` stay current."""
+    text = doc if isinstance(doc, str) else json.dumps(doc, indent=1, sort_keys=True) + "\n"
     if check:
         if not path.exists() or path.read_text() != text:
             print(f"{path} is out of date: run python {script}", file=sys.stderr)
             return 1
         return 0
     path.write_text(text)
-    print(f"wrote {path} ({len(doc['ops'])} ops)")
+    print(f"wrote {path}" + ("" if isinstance(doc, str) else f" ({len(doc['ops'])} ops)"))
     return 0
