@@ -92,7 +92,8 @@ def format_run(d: dict) -> str:
     for pool, routines in d["branches"].items():
         out.append(f"  {pool}: " + ", ".join(f"{r} x {n}" for r, n in routines.items()))
     for c in d["corrupted_reads"][:10]:
-        where = f"layer {c['layer']} {c['reader']}" if c["layer"] >= 0 else "every layer (one-step forward)"
+        where = (f"layer {c['layer']} {c['reader']}" if c["layer"] >= 0 else
+                 "every layer (PD sender)" if c["reader"] == "pd_send" else "every layer (one-step forward)")
         rank = f" rank {c['rank']}" if "rank" in c else ""
         out.append(f"corrupted: {c['op']} {where}{rank} ({c['role']}) {c['status']}, "
                    f"{'waited' if c['waited'] else 'no wait'}, consumer {c['consumer_index']}, requests {c['requests']}")

@@ -54,7 +54,8 @@ from sim.profile import load_profile
 from sim.schedule import MAX_DURATION_US, ScheduleBuilder
 
 __all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "MODEL_ROLES", "SWITCH_MODELS", "STREAMS",
-           "HOST", "BATCH_EVENT"]
+           "HOST", "BATCH_EVENT", "SEND_STREAM", "SEND_EVENT",
+           "SEND_DONE_EVENT"]
 
 #: model families: the device pool classes of ``sim.pools`` a session can build
 MODELS = ("mla", "dsa", "deepseek-v4")
@@ -76,6 +77,12 @@ FP8_INDEX_K_ENTRY_BYTES = INDEX_HEAD_DIM + INDEX_SCALE_BYTES
 STREAMS = ("schedule", "forward", "load", "write")
 #: the name of the scheduler's k-th batch event (``SessionConfig.batch_events``)
 BATCH_EVENT = "copy_done.{}"
+#: the PD sender's stream (its RDMA reads run outside CUDA stream order) and the event the
+#: early send waits on, declared with ``SessionConfig.send_stream``
+SEND_STREAM = "rdma"
+SEND_EVENT = "pd_send"
+#: recorded on the send stream after a batch's early sends (the sender's completion, polled)
+SEND_DONE_EVENT = "pd_send_done"
 HOST = "scheduler"
 
 
@@ -114,6 +121,8 @@ class SessionConfig:
     * ``batch_events`` (0): event names ``copy_done.0`` .. ``copy_done.{n-1}`` declared for the
       scheduler's own use (the overlap loop records one after each batch's forward and later
       waits on it, SGLang's ``copy_done``; :data:`BATCH_EVENT`).
+    * ``send_stream`` (False): declare the PD sender's stream :data:`SEND_STREAM` and the event
+      events :data:`SEND_EVENT` and :data:`SEND_DONE_EVENT` (the engine's early send, ``pd_send``).
     * MLA geometry: ``kv_lora_rank`` (512), ``qk_rope_head_dim`` (64), ``itemsize`` (2).
     * ``profile`` (``"h200"``), ``seed`` (0), ``ties`` (``"fifo"``), ``materialise`` (True:
       real bytes too when they fit).
@@ -150,6 +159,7 @@ class SessionConfig:
     load_fence: bool = False
     write_event_pool: int = DEFAULT_WRITE_EVENT_POOL
     batch_events: int = 0
+    send_stream: bool = False
     kv_lora_rank: int = 512
     qk_rope_head_dim: int = 64
     itemsize: int = 2
@@ -210,7 +220,7 @@ class SessionConfig:
         need(self.io_backend in IO_BACKENDS, "io_backend", f"one of {list(IO_BACKENDS)}")
         need(self.write_policy in WRITE_POLICIES, "write_policy", f"one of {list(WRITE_POLICIES)}")
         need(is_int(self.load_back_threshold), "load_back_threshold", "an integer >= 0")
-        for key in ("overlap", "load_fence", "materialise", "digest"):
+        for key in ("overlap", "load_fence", "materialise", "digest", "send_stream"):
             need(isinstance(getattr(self, key), bool), key, "true or false")
         need(is_int(self.write_event_pool, 1), "write_event_pool", "an integer >= 1")
         need(is_int(self.batch_events), "batch_events", "an integer >= 0")
@@ -310,11 +320,11 @@ class CacheSession:
             "description": f"CacheSession {cfg.model}, {cfg.layers} layers, page {cfg.page_size}, "
                            f"{cfg.layout}/{cfg.io_backend}, {cfg.write_policy}",
             "buffers": self.device_pool.buffers() + self.host_pool.buffers(),
-            "streams": list(STREAMS),
+            "streams": list(STREAMS) + [SEND_STREAM] * cfg.send_stream,
             "events": HiCacheController.event_names(self.device_pool.layer_num,
                                                     write_event_pool=cfg.write_event_pool,
                                                     load_fence=cfg.load_fence)
-                      + [BATCH_EVENT.format(k) for k in range(cfg.batch_events)],
+                      + [BATCH_EVENT.format(k) for k in range(cfg.batch_events)] + [SEND_EVENT, SEND_DONE_EVENT] * cfg.send_stream,
             "hosts": [HOST],
         }
         #: the run's header: rank 0's buffers, streams and events, then each further rank's

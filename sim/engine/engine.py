@@ -60,13 +60,14 @@ from sim.arrays import unique_sorted
 from sim.cache.radix import RadixCache, RadixKey
 from sim.cache.records import CacheInitParams, EvictParams, InitLoadBackParams, InsertParams, MatchPrefixParams
 from sim.cache.ranks import rank_name
-from sim.cache.session import BATCH_EVENT, MODEL_ROLES, CacheSession
+from sim.cache.session import BATCH_EVENT, MODEL_ROLES, SEND_DONE_EVENT, SEND_EVENT, SEND_STREAM, CacheSession
 from sim.engine.budget import CLIP_MAX_NEW_TOKENS, RETRACT_DECODE_STEPS, NewTokenRatio, retract_order
 from sim.engine.cost import CostModel
 from sim.engine.decode import DecodeEngine, DecodeStepModel, TransferSize, transfer_size
 from sim.engine.hypotheses import CONTROLLER_KEYS
 from sim.engine.forward import (
-    BatchRequest, ForwardBatch, ForwardIssue, can_advance_in_one_step, entry_bytes, issue_forward, topk_verdict,
+    BatchRequest, ForwardBatch, ForwardIssue, ReadInfo, can_advance_in_one_step, coalesce, entry_bytes, issue_forward,
+    topk_verdict,
 )
 from sim.engine.models import ModelFamily, model as model_family
 from sim.engine.layer_reads import LayerReads
@@ -302,6 +303,7 @@ class _Admitted:
     n_new: int
     done: int = 0               # new tokens computed by earlier chunks
     chunk: int = 0              # new tokens this batch computes
+    sent: int = 0               # PD early send: sequence positions sent so far (SGLang's start_send_idx)
 
 
 @dataclass
@@ -340,6 +342,8 @@ _NO_TOKEN = object()
 #: the overlap loop's batch events: two suffice, a batch's result is processed before the batch
 #: after the next one records its event (the names are reused in turn)
 _OVERLAP_EVENTS = tuple(BATCH_EVENT.format(k) for k in range(2))
+#: the reader named by the PD sender's early chunk reads (``pd_send``)
+SEND_READER = "pd_send"
 
 
 class _Expected(NamedTuple):
@@ -434,6 +438,7 @@ class PrefillEngine:
         if self.pd and (sc.hicache.decode or sc.deployment.decode_bytes or transfer is not None):
             self.decode = self._decode_cache_engine(steps, profile, smodel, tokens_, switches, materialise, transfer)
         self._decoding: dict[int, _Decoding] = {}     # colocated: from prefill's end to release
+        self._send_pending: list[tuple] = []          # PD early send: (slots, node or None) released once sent
         self._tree_vals: dict[int, tuple] = {}  # _tree_slots: id -> (a node's value, as int64), counted
         self._tree_count = np.zeros(0, np.int32)
         self._ids: dict[int, np.ndarray] = {}  # rid -> its input ids (_tokens)
@@ -515,7 +520,11 @@ class PrefillEngine:
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
             seed=self.seed, materialise=materialise, keep=self.keep, digest=False,
             batch_events=len(_OVERLAP_EVENTS) if sc.scheduler.event_loop == "overlap" else 0,
-            ranks=sc.deployment.simulated_ranks, **switches)
+            send_stream=self._early_send(sc), ranks=sc.deployment.simulated_ranks, **switches)
+
+    def _early_send(self, sc) -> bool:
+        """PD with an early send (``pd_send``): the sender's chunk reads are ops of the run."""
+        return sc.deployment.mode == "pd" and self.config.pd_send != "after_forward"
 
     def _init_ranks(self) -> None:
         """TP ranks in lockstep (``deployment.simulated_ranks``): per rank, the forward's buffers
@@ -909,6 +918,59 @@ class PrefillEngine:
             for r in issue.reads:
                 self.read_rids[r.op_id] = (r, consumer, made_for, rank)
 
+    def _send_chunks(self, batch: list[_Admitted], k: int) -> None:
+        """PD early send (``pd_send``; hypotheses module doc): right after batch ``k``'s forward
+        is launched, each request whose chunk is not its last has the KV of its sequence
+        positions ``[sent, end)`` read by the sender (``end``: the positions computed once this
+        chunk is, page-aligned, as ``send_kv_chunk`` cuts a non-final chunk) on every rank:
+        one ``read`` per pool the sender moves with every chunk, on :data:`SEND_STREAM`, covering
+        every pool layer.  ``"early"`` puts a wait on :data:`SEND_EVENT`, recorded on the forward
+        stream after the forward, before the reads; ``"early_unfenced"`` does not (#33970).
+        Each read is judged as a read made for its request (reader ``pd_send``)."""
+        mode = self.config.pd_send
+        if not self.pd or mode == "after_forward":
+            return
+        s = self.session
+        sends = []
+        for a in batch:
+            end = (len(a.prefix) + a.done + a.chunk) // self.page * self.page
+            if a.done + a.chunk >= a.n_new or end <= a.sent:
+                continue                  # the last chunk is sent after its forward (not an op)
+            slots = np.concatenate([a.prefix, a.new[:a.done + a.chunk]])
+            sends.append((a, a.sent, end, slots))
+            a.sent = end
+        if not sends:
+            return
+        roles = [r for r in self.model.chunk_sent_roles if r in self.buffers and r in self.config.transfer_pools]
+        for rank, bufs in enumerate(self.rank_buffers):
+            stream = rank_name(SEND_STREAM, rank)
+            if mode == "early":
+                event = rank_name(SEND_EVENT, rank)
+                s.host.base.issue({"op": "record", "stream": rank_name("forward", rank), "event": event,
+                                   "id": rank_name(f"send{k}.record", rank)})
+                s.host.base.issue({"op": "wait", "stream": stream, "event": event,
+                                   "id": rank_name(f"send{k}.wait", rank)})
+            for a, start, end, slots in sends:
+                rid = a.req.rid
+                made_for = {rid: (a.req, end)}
+                for role in roles:
+                    name0, lay = self.buffers[role]
+                    before = len(s.entries_of(name0, slots[:start]))
+                    ent = s.entries_of(name0, slots[:end])[before:]
+                    if not len(ent):
+                        continue
+                    ext = [lay.token_extents(pl, ent) for pl in range(lay.layers)]
+                    starts, lens = coalesce(np.concatenate([o for o, _ in ext]), np.concatenate([n for _, n in ext]))
+                    op_id = rank_name(f"send{k}.r{rid}.{role}", rank)
+                    s.host.base.issue({"op": "read", "stream": stream, "buffer": bufs[role][0], "id": op_id,
+                                       "ranges": np.stack([starts, lens], axis=1)})
+                    info = ReadInfo(op_id, -1, SEND_READER, role, bufs[role][0], tuple(range(lay.layers)),
+                                    mode == "early", starts, lens, {rid: ent}, {rid: before} if before else {})
+                    self.read_rids[op_id] = (info, -1, made_for, rank)
+            s.host.base.issue({"op": "record", "stream": stream, "event": rank_name(SEND_DONE_EVENT, rank),
+                               "id": rank_name(f"send{k}.done", rank)})
+        self.counts["early_sends"] = self.counts.get("early_sends", 0) + len(sends)
+
     def _run_batch(self, batch: list[_Admitted]) -> None:
         s = self.session
         k, store, parts, fb = self._prepare(batch)
@@ -918,6 +980,7 @@ class PrefillEngine:
         # stream below before its next cache call); the results are the per-layer mode's.
         # Decided per rank in _issue_forward.
         self._issue_forward(batch, k, fb, self.one_step)
+        self._send_chunks(batch, k)
         s.synchronize(stream="forward")
         for a in batch:
             a.done += a.chunk
@@ -940,7 +1003,7 @@ class PrefillEngine:
         dup = a.new[:max(0, res.prefix_len - len(a.prefix))]
         tail = a.new[max(0, aligned - len(a.prefix)):]
         if len(dup):
-            s.allocator.free(dup)
+            self._free_maybe_sent(a, dup)
         # NOTE: colocated, SGLang's process_batch_result_prefill -> cache_unfinished_req: the
         # request keeps its unaligned tail page (its decode continues in it) and its lock moves
         # to the node its page-aligned prompt now ends at, so the prompt stays protected until
@@ -948,9 +1011,13 @@ class PrefillEngine:
         # releases the request once the KV is handed over (its transfer is not modelled on the
         # prefill side's streams)
         if self.pd:
-            if len(tail):
-                s.allocator.free(tail)
-            self.cache.dec_lock_ref(a.node)
+            if a.sent:
+                # NOTE: SGLang keeps a request whose KV is being sent in its inflight queue and
+                # releases it once the sender reports KVPoll.Success: its slots are not freed (nor
+                # its prefix made evictable) while an early read of them may still run
+                self._send_pending.append((tail, a.node))
+            else:
+                self._release_sent(tail, a.node)
         else:
             prefix = self._move_lock(a, a.key[:aligned]).device_indices if aligned else a.prefix
             self._decoding[a.req.rid] = _Decoding(a.req, a.node, np.asarray(prefix, np.int64), tail, len(a.key))
@@ -958,6 +1025,31 @@ class PrefillEngine:
         had = self._retracted.pop(a.req.rid, 0)
         self._queued.pop(a.req.rid, None)
         self.decode.admit(a.req.rid, s.now, len(a.key), self._out_len(a.req) - had)
+
+    def _release_sent(self, slots: np.ndarray, node) -> None:
+        """PD: the prefill side's release of a request handed over (its unaligned tail freed,
+        its node unlocked), or (``node`` None) of duplicate slots an early send covered."""
+        if len(slots):
+            self.session.allocator.free(slots)
+        if node is not None:
+            self.cache.dec_lock_ref(node)
+
+    def _free_maybe_sent(self, a: _Admitted, slots: np.ndarray) -> None:
+        """Free ``a``'s duplicate ``slots`` (their tokens are the tree's now), after its early
+        sends have completed when it had any (an early read may cover them)."""
+        if a.sent:
+            self._send_pending.append((slots, None))
+        else:
+            self.session.allocator.free(slots)
+
+    def _poll_sends(self) -> None:
+        """PD early send: release the requests whose early reads have completed (the sender's
+        poll: the last batch's sends, recorded on :data:`SEND_STREAM` as :data:`SEND_DONE_EVENT`,
+        queried on every rank; the stream is FIFO, so every earlier send has completed too)."""
+        if self._send_pending and self.session.host.query(SEND_DONE_EVENT):
+            pending, self._send_pending = self._send_pending, []
+            for tail, node in pending:
+                self._release_sent(tail, node)
 
     def _stash(self, a: _Admitted) -> None:
         """SGLang's ``stash_chunked_request`` -> ``cache_unfinished_req(chunked=True)`` at the top
@@ -981,7 +1073,7 @@ class PrefillEngine:
         res = self.cache.insert(InsertParams(key, slots[:aligned].copy(), chunked=True))
         dup = slots[len(a.prefix):res.prefix_len]
         if len(dup):
-            self.session.allocator.free(dup)
+            self._free_maybe_sent(a, dup)
             self.counts["stash_frees"] += len(dup)
         a.prefix = np.asarray(self._move_lock(a, key).device_indices, np.int64)
         a.new = slots[aligned:]
@@ -1015,6 +1107,7 @@ class PrefillEngine:
 
         # NOTE: never one step here: the next batch's load is issued while this forward runs
         self._issue_forward(batch, k, fb, False, before_layer=store_layer)
+        self._send_chunks(batch, k)
         event = self._record_copy_done(f"fwd{k}")
         finished = []
         for a in batch:
@@ -1424,7 +1517,7 @@ class PrefillEngine:
         ready = [r for r in self.waiting if r.arrival_us <= s.now]
         if future and not ready:
             s.advance(max(1.0, min(future) - s.now))
-        elif ready and not s.controller.ack_write_queue and not s.controller.ack_load_queue:
+        elif ready and not s.controller.ack_write_queue and not s.controller.ack_load_queue and not self._send_pending:
             r = ready[0]
             raise EngineError(f"request {r.rid} ({r.input_len} tokens) cannot fit the device pool "
                               f"({s.allocator.size_full} tokens) "
@@ -1452,9 +1545,11 @@ class PrefillEngine:
         return self._result(time.perf_counter() - self._t0)
 
     def _poll(self) -> None:
-        """``check_hicache_events()``: poll the backup and load acks (HiCache on only)."""
+        """``check_hicache_events()``: poll the backup and load acks (HiCache on only); PD with
+        an early send, the sender's completions too (:meth:`_poll_sends`)."""
         if self.hicache:
             self.cache.check_hicache_events()
+        self._poll_sends()
 
     # ---------------------------------------------------------------- verdicts
     def _on_read(self, capture, expected_views, entry: dict) -> None:
@@ -1503,7 +1598,7 @@ class PrefillEngine:
         if status in ("stale", "torn"):
             rids = self._requests_hit(info, obs, ref)
             t.raced |= rids
-            if info.role == "index_k" and rids:
+            if info.role == "index_k" and rids and info.reader != SEND_READER:
                 topk = self._topk_changed(info, obs, ref, rids)
                 t.topk_changed += bool(topk)
         # the oracle: did each request see its own tokens' KV (in any order)?

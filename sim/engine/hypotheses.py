@@ -25,6 +25,8 @@ Shipped switches (:func:`hypothesis_names`):
 ``graph-replay-no-waits``   a prefill batch that loads and fits the captured prefill CUDA
                             graph (8,192 tokens) replays it, and a graph captured with no
                             load in flight holds no waits
+``pd-early-send``           PD: a non-final chunk's KV is sent (read over RDMA) as soon as
+                            its forward is launched, with no wait on it (SGLang #33970)
 ==========================  ==========================================================
 
 The first two act on the gate map (data of :mod:`sim.engine.gates`), which the
@@ -66,6 +68,19 @@ honour (:data:`CONTROLLER_KEYS`):
   (``_apply_cuda_graph_compatibility``).  Whether a prefill graph captures an
   accessor depends on where it is split (attention runs between the pieces):
   this switch states the worst case, every accessor inside.
+* ``pd_send``: ``"after_forward"`` (default: SGLang 0.5.14's prefill sends a
+  chunk's KV only after the host has seen the chunk's forward complete: the
+  normal loop in the next iteration's ``process_prefill_chunk``, after the
+  result was synchronised; the overlap loop in ``process_batch_result`` after
+  ``copy_done.synchronize()``; so the sender's RDMA read cannot race the forward
+  and is not modelled as an op), ``"early"`` (a non-final chunk's KV is read by
+  the sender as soon as the chunk's forward is launched, on a stream of its own,
+  behind a wait on an event recorded after the forward: the transfer backend that
+  uses the early-send wait event) or ``"early_unfenced"`` (the same read without
+  the wait: SGLang #33970, the backend that does not use it).  The early read
+  covers the pools the sender moves with every chunk
+  (:attr:`~sim.engine.models.ModelFamily.chunk_sent_roles`); it is judged as a
+  read made for its request.  PD only; colocated, there is no transfer.
 
 Users add switches without editing the engine: call :func:`register` with a
 :class:`Hypothesis`, or publish one under the entry point group
@@ -99,6 +114,7 @@ CONTROLLER_KEYS: Mapping[str, tuple] = MappingProxyType({
     "backup_pools": (frozenset, None),
     "graph_replay_max_tokens": (int, 0),
     "transfer_pools": (frozenset, None),
+    "pd_send": (("after_forward", "early", "early_unfenced"), "after_forward"),
 })
 
 
@@ -117,6 +133,7 @@ class Configuration:
     backup_pools: frozenset = frozenset()
     graph_replay_max_tokens: int = 0
     transfer_pools: frozenset = frozenset()
+    pd_send: str = "after_forward"
     hypotheses: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -125,7 +142,8 @@ class Configuration:
     def __hash__(self):
         return hash((self.model, self.gate_map, tuple(sorted(self.options.items())), self.index_k_partial_pages,
                      self.index_k_host_bytes_per_entry, self.load_fence_stream, self.host_lock_during_load,
-                     self.backup_pools, self.graph_replay_max_tokens, self.transfer_pools, self.hypotheses))
+                     self.backup_pools, self.graph_replay_max_tokens, self.transfer_pools, self.pd_send,
+                     self.hypotheses))
 
     def __eq__(self, other):
         return isinstance(other, Configuration) and self.to_dict() == other.to_dict()
@@ -149,7 +167,8 @@ class Configuration:
                 "index_k_host_bytes_per_entry": self.index_k_host_bytes_per_entry,
                 "load_fence_stream": self.load_fence_stream, "host_lock_during_load": self.host_lock_during_load,
                 "backup_pools": sorted(self.backup_pools), "graph_replay_max_tokens": self.graph_replay_max_tokens,
-                "transfer_pools": sorted(self.transfer_pools), "hypotheses": list(self.hypotheses)}
+                "transfer_pools": sorted(self.transfer_pools), "pd_send": self.pd_send,
+                "hypotheses": list(self.hypotheses)}
 
 
 def configuration(model_name: str = "deepseek-v4-flash", gate_map_name: str | GateMap = "incident-fork",
@@ -267,6 +286,10 @@ _SHIPPED = (
                "a batch that loads and fits the captured prefill graph (8,192 tokens) replays it: no accessor waits",
                lambda c: c.replace(graph_replay_max_tokens=8192), ("graph_replay_max_tokens",),
                "reference/sglang_hicache.md 7.3 (SGLang scheduler note; TokenSpeed PR #370)"),
+    Hypothesis("pd-early-send",
+               "PD: a non-final chunk's KV is read by the sender as soon as its forward is launched, unfenced",
+               lambda c: c.replace(pd_send="early_unfenced"), ("pd_send",),
+               "sglang #33970 (corruption on prefill chunk boundaries with Mooncake)"),
 )
 
 _REGISTRY: dict[str, Hypothesis] = {h.name: h for h in _SHIPPED}

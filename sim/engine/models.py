@@ -204,6 +204,10 @@ class ModelFamily:
     dims: ModelDims
     compressed_role: Mapping[str, str] = field(default_factory=dict)   # layer kind -> its compressed pool
     bf16_index_k: PoolSpec | None = None
+    #: the pool roles SGLang 0.5.14's PD sender moves with every chunk (the pool's
+    #: ``get_contiguous_buf_infos``); the others are state (``get_state_buf_infos``), sent with
+    #: the last chunk only (DSA: index-K; V4: SWA, the window alone)
+    chunk_sent_roles: tuple[str, ...] = ()
     source: str = ""
 
     @property
@@ -261,6 +265,7 @@ DSA_V32 = ModelFamily(
         "latent": PoolSpec("latent", _ALL_DSA, 656, 1, 1),
         "index_k": PoolSpec("index_k", _ALL_DSA, 64 * 132, 64, 1, index_k=True),
     }),
+    chunk_sent_roles=("latent",),
     dims=ModelDims(hidden=7168, heads=128, qk_head_dim=576, v_head_dim=512, index_heads=64,
                    index_head_dim=128, index_topk=2048, window=0,
                    active_params_per_layer=37e9 / _DSA_LAYERS, weight_bytes_per_param=1.0),
@@ -302,6 +307,7 @@ V4_FLASH = ModelFamily(
     }),
     bf16_index_k=PoolSpec("index_k", _V4_C4, 256, 1, 4, index_k=True),
     compressed_role=MappingProxyType({"c4": "c4", "c128": "c128"}),
+    chunk_sent_roles=("c4", "index_k", "c128"),
     dims=ModelDims(hidden=4096, heads=64, qk_head_dim=512, v_head_dim=512, index_heads=64,
                    index_head_dim=128, index_topk=512, window=128,
                    active_params_per_layer=13e9 / _V4_LAYERS, weight_bytes_per_param=1.0),

@@ -124,6 +124,11 @@ class DeploymentSection(Section):
     pd_transfer_latency_us: float = opt(-1.0, "PD: the fixed time of each KV transfer in microseconds (RDMA "
                                               "setup and completion), before its bytes; -1: the profile's "
                                               "memcpy_latency_us", lo=-1)
+    pd_send: str = opt("after_forward", "PD: when the prefill's sender reads a chunk's KV. after_forward: once "
+                       "the host saw the chunk's forward complete (SGLang 0.5.14; not an op); early: a non-final "
+                       "chunk as soon as its forward is launched, behind a wait on an event recorded after it; "
+                       "early_unfenced: the same with no wait (SGLang #33970, hypothesis pd-early-send)",
+                       choices=("after_forward", "early", "early_unfenced"))
 
     def check(self, where: str) -> None:
         try:
@@ -144,6 +149,9 @@ class DeploymentSection(Section):
             raise InputError(f"{where}.simulated_ranks", f"expected an integer in 1..{self.prefill_tp} (at most "
                              f"prefill_tp, the ranks of the prefill TP group), got {self.simulated_ranks}")
         if self.mode == "colocated":
+            if self.pd_send != "after_forward":
+                raise InputError(f"{where}.pd_send", "expected 'after_forward' in colocated mode (no PD transfer), "
+                                 f"got {self.pd_send!r}")
             if self.decode_bytes:
                 raise InputError(f"{where}.decode_bytes", "expected false in colocated mode (one engine, whose "
                                  "decode steps are byte level already), got true")
@@ -283,7 +291,8 @@ class Scenario:
         then the variant's hypotheses applied in order."""
         c = configuration_from_dict({"model": self.model.family, "gate_map": self.gate_map(),
                                      "options": self.model.options(),
-                                     "load_fence_stream": "forward" if self.hicache.load_fence else "schedule"},
+                                     "load_fence_stream": "forward" if self.hicache.load_fence else "schedule",
+                                     "pd_send": self.deployment.pd_send},
                                     "scenario")
         return apply_hypotheses(c, self.variant.hypotheses)
 
