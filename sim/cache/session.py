@@ -54,8 +54,7 @@ from sim.profile import load_profile
 from sim.schedule import MAX_DURATION_US, ScheduleBuilder
 
 __all__ = ["CacheSession", "SessionConfig", "SessionClosed", "MODELS", "MODEL_ROLES", "SWITCH_MODELS", "STREAMS",
-           "HOST", "BATCH_EVENT", "SEND_STREAM", "SEND_EVENT",
-           "SEND_DONE_EVENT"]
+           "HOST", "BATCH_EVENT", "SEND_STREAM", "SEND_EVENT", "SEND_DONE_EVENT"]
 
 #: model families: the device pool classes of ``sim.pools`` a session can build
 MODELS = ("mla", "dsa", "deepseek-v4")
@@ -121,8 +120,8 @@ class SessionConfig:
     * ``batch_events`` (0): event names ``copy_done.0`` .. ``copy_done.{n-1}`` declared for the
       scheduler's own use (the overlap loop records one after each batch's forward and later
       waits on it, SGLang's ``copy_done``; :data:`BATCH_EVENT`).
-    * ``send_stream`` (False): declare the PD sender's stream :data:`SEND_STREAM` and the event
-      events :data:`SEND_EVENT` and :data:`SEND_DONE_EVENT` (the engine's early send, ``pd_send``).
+    * ``send_stream`` (False): declare the PD sender's stream :data:`SEND_STREAM` and the events
+      :data:`SEND_EVENT` and :data:`SEND_DONE_EVENT` (the engine's early send, ``pd_send``).
     * MLA geometry: ``kv_lora_rank`` (512), ``qk_rope_head_dim`` (64), ``itemsize`` (2).
     * ``profile`` (``"h200"``), ``seed`` (0), ``ties`` (``"fifo"``), ``materialise`` (True:
       real bytes too when they fit).
@@ -324,7 +323,8 @@ class CacheSession:
             "events": HiCacheController.event_names(self.device_pool.layer_num,
                                                     write_event_pool=cfg.write_event_pool,
                                                     load_fence=cfg.load_fence)
-                      + [BATCH_EVENT.format(k) for k in range(cfg.batch_events)] + [SEND_EVENT, SEND_DONE_EVENT] * cfg.send_stream,
+                      + [BATCH_EVENT.format(k) for k in range(cfg.batch_events)]
+                      + [SEND_EVENT, SEND_DONE_EVENT] * cfg.send_stream,
             "hosts": [HOST],
         }
         #: the run's header: rank 0's buffers, streams and events, then each further rank's
