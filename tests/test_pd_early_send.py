@@ -13,6 +13,7 @@ Short runs of ``incident-short`` cut to 4 layers (SWA, SWA, C4, C128: every pool
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from sim.engine import PrefillEngine
 from sim.engine.engine import SEND_READER
@@ -109,3 +110,52 @@ def test_a_bad_value_names_the_key():
     with pytest.raises(InputError) as ei:
         load_scenario("incident-short", ["deployment.pd_send=sometimes"])
     assert "deployment.pd_send" in str(ei.value)
+
+
+# ---------------------------------------------------------------- random PD workloads
+
+@st.composite
+def pd_workloads(draw):
+    """Small PD runs of ``glm5-22811-small`` (2 DSA layers, every accessor gated, so only a send
+    can race): a few sessions chunked often, a tight device pool (prefixes evicted to the host and
+    loaded back), either loop, HiCache on or off, an early send fenced or not."""
+    pool = draw(st.sampled_from([1536, 2048, 3072]))
+    overrides = [
+        "deployment.mode=pd", "deployment.prefill_tp=4", "deployment.decode_tp=4",
+        "variant.gate_map=upstream-0.5.11",
+        f"deployment.pd_send={draw(st.sampled_from(['early', 'early_unfenced']))}",
+        f"scheduler.event_loop={draw(st.sampled_from(['normal', 'overlap']))}",
+        f"hicache.prefill={draw(st.sampled_from(['true', 'false']))}",
+        f"workload.concurrency={draw(st.integers(1, 4))}",
+        f"workload.sessions={draw(st.integers(1, 6))}",
+        f"workload.max_turns={draw(st.integers(1, 4))}",
+        f"workload.first_turn_tokens={draw(st.sampled_from([256, 512, 768]))}",
+        "workload.think_time_s=0.0", f"scheduler.max_total_tokens={pool}",
+        f"workload.max_context_tokens={pool - 64}",
+        f"scheduler.chunked_prefill_size={draw(st.sampled_from([128, 256, 8192]))}",
+    ]
+    return overrides, draw(st.integers(0, 2 ** 16))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(pd_workloads())
+def test_early_sends_in_random_pd_workloads(case):
+    overrides, seed = case
+    e = PrefillEngine(load_scenario("glm5-22811-small", overrides), seed, layers=2)
+    r = e.run()
+    # every request completes, and every early send's release has happened (nothing held)
+    assert r.requests_completed == r.requests_total == e.driver.requests_released > 0
+    assert not e._send_pending
+    # nothing locked, and every slot free or the tree's (the session is finished: its tree is
+    # read directly, past the session's call wrapper)
+    s = e.session
+    tree = e.cache._target if e.hicache else e.cache
+    assert tree.protected_size_ == 0
+    assert s.allocator.available_size() + tree.total_size() == s.allocator.size_full
+    if e.config.pd_send == "early":
+        assert r.requests_corrupted == 0 and r.latent_races == 0 and not r.corrupted_reads
+    # with every accessor gated, only a send can be corrupted, and only for its own request
+    for c in r.corrupted_reads:
+        assert c["reader"] == SEND_READER and not c["waited"], c
+        assert c["requests"] == [int(c["op"].split(".")[1][1:])], c
