@@ -50,7 +50,7 @@ cpu = time.process_time() - t
 d = dataclasses.asdict(r)
 d.pop('wall_time_s')
 # NOTE: as benchmarks/engine_cases.py: fields added after the first digests count only when non-zero
-for late in ('requests_retracted', 'graph_replays'):
+for late in ('requests_retracted', 'graph_replays', 'early_sends'):
     if late in d and not d[late]:
         d.pop(late)
 sha = hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()

@@ -76,7 +76,9 @@ def format_run(d: dict) -> str:
                     + (f" over {d['simulated_ranks']} ranks" if d.get("simulated_ranks", 1) > 1 else "") + ", "
                     f"{d['chunked_batches']} with a chunk of a longer prefill"
                     + (f", {d['graph_replays']} that loaded replayed a graph without waits"
-                       if d.get("graph_replays") else "") + ")"),
+                       if d.get("graph_replays") else "")
+                    + (f", {d['early_sends']} chunks sent before the host saw their forward end"
+                       if d.get("early_sends") else "") + ")"),
         ("simulated time", f"{d['sim_time_s']:.3f} s (wall {d['wall_time_s']:.1f} s)"),
     ]
     if d.get("simulated_ranks", 1) > 1:

@@ -195,7 +195,8 @@ class EngineResult:
     request prefilled again later: :mod:`sim.engine.budget`), counted once per retraction.
     ``graph_replays``: batches that loaded and replayed a captured prefill graph, so that none
     of their accessors waited (``graph-replay-no-waits``: configuration key
-    ``graph_replay_max_tokens``)."""
+    ``graph_replay_max_tokens``).  ``early_sends``: PD early send (``deployment.pd_send``):
+    non-final chunks whose KV the sender read right after their forward's launch."""
 
     scenario: str
     seed: int
@@ -234,13 +235,15 @@ class EngineResult:
     aborted_requests: list = field(default_factory=list)
     requests_retracted: int = 0
     graph_replays: int = 0
+    early_sends: int = 0
 
     def to_dict(self) -> dict:
         """The fields as a dict; ``simulated_ranks`` and ``corrupted_reads_by_rank`` only when
         more than one rank was simulated, ``decode`` only with a byte-level decode side,
         ``requests_aborted`` and ``aborted_requests`` only when a request was aborted,
         ``requests_retracted`` only when one was, ``graph_replays`` only when a batch replayed a
-        graph (so a one-rank result without them is what it was before any existed)."""
+        graph, ``early_sends`` only when a chunk was sent early (so a one-rank result without
+        them is what it was before any existed)."""
         d = dataclasses.asdict(self)
         if self.simulated_ranks == 1:
             d.pop("simulated_ranks")
@@ -249,10 +252,9 @@ class EngineResult:
             del d["decode"]
         if not self.requests_aborted:
             del d["requests_aborted"], d["aborted_requests"]
-        if not self.requests_retracted:
-            del d["requests_retracted"]
-        if not self.graph_replays:
-            del d["graph_replays"]
+        for late in LATE_FIELDS:
+            if not d[late]:
+                del d[late]
         return d
 
     def signature(self) -> dict:
@@ -342,6 +344,9 @@ _NO_TOKEN = object()
 #: the overlap loop's batch events: two suffice, a batch's result is processed before the batch
 #: after the next one records its event (the names are reused in turn)
 _OVERLAP_EVENTS = tuple(BATCH_EVENT.format(k) for k in range(2))
+#: EngineResult fields added after the first results, left out of ``to_dict`` while zero (a
+#: result without them digests as before they existed: benchmarks/engine_cases.py)
+LATE_FIELDS = ("requests_retracted", "graph_replays", "early_sends")
 #: the reader named by the PD sender's early chunk reads (``pd_send``)
 SEND_READER = "pd_send"
 
@@ -498,6 +503,7 @@ class PrefillEngine:
         self._queued: dict[int, float] = {}
         self.counts["stash_frees"] = 0
         self.counts["graph_replays"] = 0
+        self.counts["early_sends"] = 0
         self._t0: float | None = None               # perf_counter at start()
         self.completed: list[int] = []
         self.aborted: list[dict] = []
@@ -969,7 +975,7 @@ class PrefillEngine:
                     self.read_rids[op_id] = (info, -1, made_for, rank)
             s.host.base.issue({"op": "record", "stream": stream, "event": rank_name(SEND_DONE_EVENT, rank),
                                "id": rank_name(f"send{k}.done", rank)})
-        self.counts["early_sends"] = self.counts.get("early_sends", 0) + len(sends)
+        self.counts["early_sends"] += len(sends)
 
     def _run_batch(self, batch: list[_Admitted]) -> None:
         s = self.session
@@ -1675,7 +1681,8 @@ class PrefillEngine:
             oracle_entries=sum(o.entries_checked for o in self.oracles), index_k_topk_changed=t.topk_changed,
             simulated_ranks=self.ranks, corrupted_reads_by_rank=list(t.by_rank), decode=decode,
             requests_aborted=len(self.aborted), aborted_requests=list(self.aborted),
-            requests_retracted=self.counts["retractions"], graph_replays=self.counts["graph_replays"])
+            requests_retracted=self.counts["retractions"], graph_replays=self.counts["graph_replays"],
+            early_sends=self.counts["early_sends"])
 
     def _decode_cache_engine(self, steps, profile, smodel: str, device_tokens: int, switches: dict,
                              materialise: bool, transfer_pools):
