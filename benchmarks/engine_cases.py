@@ -47,7 +47,7 @@ CASES = {
 
 
 def run_case(name: str) -> dict:
-    from sim.engine.engine import PrefillEngine
+    from sim.engine.engine import LATE_FIELDS, PrefillEngine
     from sim.engine.scenario import load_scenario
     scenario, sets, seed = CASES[name]
     engine = PrefillEngine(load_scenario(scenario, sets), seed, keep="report")
@@ -58,8 +58,9 @@ def run_case(name: str) -> dict:
     d.pop("wall_time_s")
     # NOTE: fields added after the first digests, left out while they are zero, so a result
     # without them digests as it did before they existed
-    # (bench_bytes_ab.py does the same; its child runs in trees of any age, so it has its own copy)
-    for late in ("requests_retracted", "graph_replays", "early_sends"):
+    # (sim.engine.engine.LATE_FIELDS; bench_bytes_ab.py does the same, and its child runs in
+    # trees of any age, so it has its own copy)
+    for late in LATE_FIELDS:
         if late in d and not d[late]:
             d.pop(late)
     return {"case": name, "result_sha256": hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest(),

@@ -526,11 +526,9 @@ class PrefillEngine:
             load_fence=sc.hicache.load_fence and cfg.load_fence_stream == "forward", profile=sc.deployment.profile,
             seed=self.seed, materialise=materialise, keep=self.keep, digest=False,
             batch_events=len(_OVERLAP_EVENTS) if sc.scheduler.event_loop == "overlap" else 0,
-            send_stream=self._early_send(sc), ranks=sc.deployment.simulated_ranks, **switches)
-
-    def _early_send(self, sc) -> bool:
-        """PD with an early send (``pd_send``): the sender's chunk reads are ops of the run."""
-        return sc.deployment.mode == "pd" and self.config.pd_send != "after_forward"
+            # PD with an early send (pd_send): the sender's chunk reads are ops of the run
+            send_stream=sc.deployment.mode == "pd" and cfg.pd_send != "after_forward",
+            ranks=sc.deployment.simulated_ranks, **switches)
 
     def _init_ranks(self) -> None:
         """TP ranks in lockstep (``deployment.simulated_ranks``): per rank, the forward's buffers
@@ -947,7 +945,20 @@ class PrefillEngine:
             a.sent = end
         if not sends:
             return
-        roles = [r for r in self.model.chunk_sent_roles if r in self.buffers and r in self.config.transfer_pools]
+        # each read's entries and byte extents, the same on every rank (one layout per role)
+        reads = []
+        for a, start, end, slots in sends:
+            made_for = {a.req.rid: (a.req, end)}
+            for role in self.model.chunk_sent_roles:
+                if role not in self.buffers or role not in self.config.transfer_pools:
+                    continue
+                name0, lay = self.buffers[role]
+                before = len(s.entries_of(name0, slots[:start]))
+                ent = s.entries_of(name0, slots[:end])[before:]
+                if len(ent):
+                    ext = [lay.token_extents(pl, ent) for pl in range(lay.layers)]
+                    starts, lens = coalesce(np.concatenate([o for o, _ in ext]), np.concatenate([n for _, n in ext]))
+                    reads.append((a.req.rid, role, lay.layers, before, ent, starts, lens, made_for))
         for rank, bufs in enumerate(self.rank_buffers):
             stream = rank_name(SEND_STREAM, rank)
             if mode == "early":
@@ -956,23 +967,14 @@ class PrefillEngine:
                                    "id": rank_name(f"send{k}.record", rank)})
                 s.host.base.issue({"op": "wait", "stream": stream, "event": event,
                                    "id": rank_name(f"send{k}.wait", rank)})
-            for a, start, end, slots in sends:
-                rid = a.req.rid
-                made_for = {rid: (a.req, end)}
-                for role in roles:
-                    name0, lay = self.buffers[role]
-                    before = len(s.entries_of(name0, slots[:start]))
-                    ent = s.entries_of(name0, slots[:end])[before:]
-                    if not len(ent):
-                        continue
-                    ext = [lay.token_extents(pl, ent) for pl in range(lay.layers)]
-                    starts, lens = coalesce(np.concatenate([o for o, _ in ext]), np.concatenate([n for _, n in ext]))
-                    op_id = rank_name(f"send{k}.r{rid}.{role}", rank)
-                    s.host.base.issue({"op": "read", "stream": stream, "buffer": bufs[role][0], "id": op_id,
-                                       "ranges": np.stack([starts, lens], axis=1)})
-                    info = ReadInfo(op_id, -1, SEND_READER, role, bufs[role][0], tuple(range(lay.layers)),
-                                    mode == "early", starts, lens, {rid: ent}, {rid: before} if before else {})
-                    self.read_rids[op_id] = (info, -1, made_for, rank)
+            for rid, role, layers, before, ent, starts, lens, made_for in reads:
+                op_id = rank_name(f"send{k}.r{rid}.{role}", rank)
+                buffer = bufs[role][0]
+                s.host.base.issue({"op": "read", "stream": stream, "buffer": buffer, "id": op_id,
+                                   "ranges": np.stack([starts, lens], axis=1)})
+                info = ReadInfo(op_id, -1, SEND_READER, role, buffer, tuple(range(layers)), mode == "early",
+                                starts, lens, {rid: ent}, {rid: before} if before else {})
+                self.read_rids[op_id] = (info, -1, made_for, rank)
             s.host.base.issue({"op": "record", "stream": stream, "event": rank_name(SEND_DONE_EVENT, rank),
                                "id": rank_name(f"send{k}.done", rank)})
         self.counts["early_sends"] += len(sends)
@@ -1054,8 +1056,8 @@ class PrefillEngine:
         queried on every rank; the stream is FIFO, so every earlier send has completed too)."""
         if self._send_pending and self.session.host.query(SEND_DONE_EVENT):
             pending, self._send_pending = self._send_pending, []
-            for tail, node in pending:
-                self._release_sent(tail, node)
+            for slots, node in pending:
+                self._release_sent(slots, node)
 
     def _stash(self, a: _Admitted) -> None:
         """SGLang's ``stash_chunked_request`` -> ``cache_unfinished_req(chunked=True)`` at the top
